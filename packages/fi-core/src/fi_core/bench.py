@@ -1,0 +1,301 @@
+"""The one benchmark harness: CUDA events over graph replays, L2-rotated inputs, median/min/max,
+TB/s or TFLOP/s against the measured ceiling, the baseline in the same run, JSON results.
+
+A family registers routines in its ``bench.py``::
+
+    @routine("rmsnorm", family="fi-sampling", help="rmsnorm vs torch F.rms_norm")
+    def rmsnorm_routine(args: RoutineArgs):
+        sets = rotating_inputs(lambda i: (x_i, w), device)      # > 2x L2 of distinct data
+        check_against_reference(...)                            # correctness before timing
+        ours = time_fn(lambda x, w: rmsnorm(x, w), sets)
+        base = time_fn(lambda x, w: F.rms_norm(x, (n,), w), sets)
+        yield BenchRow("rmsnorm", "8192x8192 bf16", ours, bytes=..., baseline=("F.rms_norm", base))
+
+`flashinfer bench --routine rmsnorm` runs it, prints a table and writes
+``benchmarks/results/<gpu>/<routine>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+# Measured on the H200 (shared/TARGETS.md); percentages of bandwidth are against the datasheet.
+HBM_PEAK_TBPS = {"H200": 4.8, "H100": 3.35}
+COPY_CEILING_TBPS = {"H200": 4.25}
+
+
+@dataclass
+class Timing:
+    median_us: float
+    min_us: float
+    max_us: float
+    samples: int
+    method: str  # "graph" | "events"
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class BenchRow:
+    routine: str
+    config: str
+    ours: Timing
+    bytes: Optional[float] = None
+    flops: Optional[float] = None
+    baseline: Optional[tuple[str, Timing]] = None
+    target_us: Optional[float] = None
+    backend: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def metrics(self, gpu: str = "") -> dict:
+        t = self.ours.median_us * 1e-6
+        d: dict[str, Any] = {"routine": self.routine, "config": self.config,
+                             "backend": self.backend, "ours": self.ours.to_dict()}
+        if self.bytes:
+            tbps = self.bytes / t / 1e12
+            d["tb_s"] = round(tbps, 3)
+            peak = _lookup(HBM_PEAK_TBPS, gpu)
+            if peak:
+                d["pct_of_hbm_peak"] = round(100 * tbps / peak, 1)
+        if self.flops:
+            d["tflop_s"] = round(self.flops / t / 1e12, 1)
+        if self.baseline is not None:
+            name, bt = self.baseline
+            d["baseline"] = {"name": name, **bt.to_dict()}
+            d["speedup_vs_baseline"] = round(bt.median_us / self.ours.median_us, 3)
+            if self.flops:
+                d["baseline"]["tflop_s"] = round(self.flops / (bt.median_us * 1e-6) / 1e12, 1)
+        if self.target_us is not None:
+            d["target_us"] = self.target_us
+            d["meets_target"] = self.ours.median_us <= self.target_us
+        d.update(self.extra)
+        return d
+
+
+def _lookup(table: dict, gpu: str):
+    for k, v in table.items():
+        if k in gpu:
+            return v
+    return None
+
+
+@dataclass
+class RoutineArgs:
+    quick: bool = False
+    device: str = "cuda"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Routine:
+    name: str
+    family: str
+    fn: Callable[[RoutineArgs], Iterable[BenchRow]]
+    help: str = ""
+
+
+ROUTINES: dict[str, Routine] = {}
+
+
+def routine(name: str, family: str, help: str = ""):
+    def deco(fn):
+        ROUTINES[name] = Routine(name, family, fn, help)
+        return fn
+    return deco
+
+
+def l2_bytes(device=None) -> int:
+    try:
+        from .arch import device_info  # noqa: PLC0415
+
+        idx = torch.device(device).index if device is not None else None
+        return device_info(idx or 0).l2_bytes
+    except Exception:
+        return 64 << 20
+
+
+def tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(o) for o in obj.values())
+    return 0
+
+
+def rotating_inputs(make: Callable[[int], Any], device=None, min_sets: int = 2,
+                    max_sets: int = 64) -> list:
+    """Distinct input sets whose total size is >= 3x L2, so timing sees HBM, not cache."""
+    first = make(0)
+    per = max(tensor_bytes(first), 1)
+    n = max(min_sets, min(max_sets, -(-3 * l2_bytes(device) // per)))
+    return [first] + [make(i) for i in range(1, n)]
+
+
+def time_fn(fn: Callable, inputs: Sequence[Any], *, use_graph: bool = True, reps: int = 30,
+            warmup: int = 3, min_calls_per_replay: int = 20) -> Timing:
+    """Time fn(*inputs[i]) per call. Calls cycle through `inputs`; a CUDA graph of K calls is
+    captured and replayed `reps` times, each replay timed with events; K >= min_calls_per_replay.
+    Falls back to an event-timed eager loop when fn cannot be captured."""
+    sets = [s if isinstance(s, (tuple, list)) else (s,) for s in inputs]
+    k = max(min_calls_per_replay, len(sets))
+    k = -(-k // len(sets)) * len(sets)
+    for _ in range(warmup):
+        for s in sets:
+            fn(*s)
+    torch.cuda.synchronize()
+    if use_graph:
+        try:
+            return _time_graph(fn, sets, k, reps)
+        except Exception:
+            torch.cuda.synchronize()
+    return _time_eager(fn, sets, k, reps)
+
+
+def _time_graph(fn, sets, k, reps) -> Timing:
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*sets[0])  # a warm-up on the capture stream (allocator pools, lazy init)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=stream):
+        for i in range(k):
+            fn(*sets[i % len(sets)])
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / k)
+    return Timing(statistics.median(times), min(times), max(times), reps, "graph")
+
+
+def _time_eager(fn, sets, k, reps) -> Timing:
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(k):
+            fn(*sets[i % len(sets)])
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / k)
+    return Timing(statistics.median(times), min(times), max(times), reps, "events")
+
+
+def time_host(fn: Callable[[], Any], iters: int = 2000, warmup: int = 200) -> float:
+    """Host time per call in microseconds (median of 5 batches), for launch-overhead numbers."""
+    import time  # noqa: PLC0415
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    meds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        meds.append((time.perf_counter() - t0) / iters * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(meds)
+
+
+def environment() -> dict:
+    env: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "host": platform.node(),
+    }
+    try:
+        from .arch import device_info  # noqa: PLC0415
+
+        info = device_info(0)
+        env.update(gpu=info.name, arch=str(info.arch), sm_count=info.sm_count,
+                   driver=info.driver_version, l2_bytes=info.l2_bytes)
+    except Exception as exc:
+        env["gpu"] = f"none ({exc})"
+    from .version import __version__  # noqa: PLC0415
+
+    env["fi_core"] = __version__
+    return env
+
+
+def gpu_slug(name: str) -> str:
+    m = re.search(r"(H200|H100|A100|L40S|B200|GB200|RTX ?\w+)", name)
+    return (m.group(1) if m else re.sub(r"\W+", "-", name)).lower().replace(" ", "")
+
+
+def run_routine(name: str, args: RoutineArgs) -> tuple[dict, list[dict]]:
+    if name not in ROUTINES:
+        raise KeyError(f"unknown routine {name!r}; known: {sorted(ROUTINES)}")
+    env = environment()
+    rows = [r.metrics(env.get("gpu", "")) for r in ROUTINES[name].fn(args)]
+    return env, rows
+
+
+def write_results(name: str, env: dict, rows: list[dict], outdir: Path) -> Path:
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / f"{name}.json"
+    path.write_text(json.dumps({"routine": name, "environment": env, "results": rows}, indent=1))
+    return path
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ["config", "ours us", "TB/s", "%HBM", "TFLOP/s", "baseline", "base us", "speedup", "target"]
+    lines = [head]
+    for r in rows:
+        b = r.get("baseline") or {}
+        lines.append([
+            r["config"], f"{r['ours']['median_us']:.2f}", _fmt(r.get("tb_s")),
+            _fmt(r.get("pct_of_hbm_peak")), _fmt(r.get("tflop_s")), b.get("name", ""),
+            _fmt(b.get("median_us")), _fmt(r.get("speedup_vs_baseline")),
+            "" if "target_us" not in r else f"{r['target_us']} {'ok' if r['meets_target'] else 'MISS'}",
+        ])
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in lines)
+
+
+def _fmt(v) -> str:
+    return "" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+def plot(name: str, rows: list[dict], path: Path) -> Path:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    labels = [r["config"] for r in rows]
+    ours = [r["ours"]["median_us"] for r in rows]
+    base = [(r.get("baseline") or {}).get("median_us") for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.2), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="fi")
+    if any(b is not None for b in base):
+        ax.bar([x + 0.2 for x in xs], [b or 0 for b in base], width=0.4, label="baseline")
+    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("time (us, median)")
+    ax.set_title(name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

@@ -1,0 +1,69 @@
+"""Input validation helpers: every message says what was expected and what was found."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from .errors import InputError, InputTypeError
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def dtype(name: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    tensor(name, t)
+    if t.dtype not in allowed:
+        raise InputTypeError(f"{name} must be {_names(allowed)}, got {str(t.dtype).replace('torch.', '')}")
+
+
+def ndim(name: str, t: torch.Tensor, allowed: Iterable[int]) -> None:
+    allowed = tuple(allowed)
+    if t.dim() not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise InputError(f"{name} must be {want}, got shape {tuple(t.shape)}")
+
+
+def shape(name: str, t: torch.Tensor, expected: Sequence[Optional[int]], what: str = "") -> None:
+    """expected: sizes, None = any."""
+    ok = t.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, t.shape))
+    if not ok:
+        want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise InputError(f"{name} must have shape {want}{' (' + what + ')' if what else ''}, "
+                         f"got {tuple(t.shape)}")
+
+
+def same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    devs = {k: v.device for k, v in tensors.items() if v is not None}
+    uniq = set(devs.values())
+    if len(uniq) > 1:
+        detail = ", ".join(f"{k} on {d}" for k, d in devs.items())
+        raise InputError(f"all tensors must be on one device, got {detail}")
+    return next(iter(uniq))
+
+
+def last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.dim() > 0 and t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise InputError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+
+
+def contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise InputError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
+
+
+def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
+    return t.data_ptr() % bytes_ == 0
+
+
+def positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")

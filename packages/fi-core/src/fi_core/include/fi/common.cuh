@@ -1,0 +1,54 @@
+// Shared basics for every fi kernel module: the export macro, launch-error plumbing, integer math.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// Every host launcher is `FI_EXPORT int name(...)` returning a cudaError_t. Modules are built with
+// -fvisibility=hidden, so only launchers are visible to the loader.
+#define FI_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Return early from a launcher when a CUDA call fails.
+#define FI_TRY(expr)                                   \
+  do {                                                 \
+    cudaError_t fi_err_ = (expr);                      \
+    if (fi_err_ != cudaSuccess) return (int)fi_err_;   \
+  } while (0)
+
+// Launch status: a launch error (bad config) surfaces here; asynchronous faults surface later.
+#define FI_LAUNCH_STATUS() ((int)cudaGetLastError())
+
+#define FI_HOST_DEVICE __host__ __device__ __forceinline__
+#define FI_DEVICE __device__ __forceinline__
+
+namespace fi {
+
+template <typename T>
+FI_HOST_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
+
+template <typename T>
+FI_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
+
+// Raise a kernel's dynamic shared-memory limit once per process and device. Setting the attribute
+// costs about a microsecond, so it is not repeated on every launch.
+template <typename Kernel>
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Number of SMs of the current device, read from the runtime once per device (never a literal).
+inline int sm_count() {
+  static int cached[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cached[dev] = n > 0 ? n : 1;
+  }
+  return cached[dev];
+}
+
+}  // namespace fi

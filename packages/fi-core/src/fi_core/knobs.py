@@ -1,0 +1,157 @@
+"""Every environment variable fi reads, declared once.
+
+Nothing else in the project reads ``os.environ`` for configuration: code asks ``knobs.<name>()``.
+Tests change knobs with :func:`override`, which sets the variable for the duration of a ``with``.
+
+Example
+-------
+>>> from fi_core import knobs
+>>> with knobs.override(FI_LOG_DISPATCH="1"):
+...     assert knobs.log_dispatch() is True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str  # "str" | "int" | "bool" | "path"
+    default: Optional[str]
+    doc: str
+    aliases: tuple[str, ...] = ()
+
+    def raw(self) -> Optional[str]:
+        for var in (self.name, *self.aliases):
+            value = os.environ.get(var)
+            if value is not None and value != "":
+                return value
+        return self.default
+
+
+KNOBS: dict[str, Knob] = {}
+
+
+def _declare(knob: Knob) -> Callable[[], object]:
+    KNOBS[knob.name] = knob
+    return lambda: _convert(knob)
+
+
+def _convert(knob: Knob):
+    raw = knob.raw()
+    if knob.kind == "bool":
+        if raw is None:
+            return False
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{knob.name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
+    if knob.kind == "int":
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{knob.name} must be an integer, got {raw!r}") from None
+    if knob.kind == "path":
+        return None if raw is None else Path(os.path.expanduser(raw))
+    return raw
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fi")
+
+
+cache_dir_raw = _declare(Knob(
+    "FI_CACHE_DIR", "path", None,
+    "Directory of the JIT kernel cache. Default: $XDG_CACHE_HOME/fi or ~/.cache/fi. Created 0700; "
+    "a directory writable by group or others is refused."))
+
+
+def cache_dir() -> Path:
+    value = cache_dir_raw()
+    return value if value is not None else Path(_default_cache_dir())
+
+
+cuda_arch_list = _declare(Knob(
+    "FI_CUDA_ARCH_LIST", "str", None,
+    "Architectures to build for, space separated 'major.minor' with optional suffix, e.g. "
+    "'8.0 9.0a 10.0a 12.0f'. Used by precompile and the AOT wheel build; default: the current GPU.",
+    aliases=("FLASHINFER_CUDA_ARCH_LIST",)))
+
+nvcc = _declare(Knob(
+    "FI_NVCC", "path", None,
+    "Path of nvcc. Default: $CUDA_HOME/bin/nvcc, then nvcc on PATH."))
+
+cuda_home = _declare(Knob(
+    "CUDA_HOME", "path", None, "CUDA toolkit root, used to find nvcc when FI_NVCC is unset.",
+    aliases=("CUDA_PATH",)))
+
+max_jobs = _declare(Knob(
+    "FI_MAX_JOBS", "int", None,
+    "Parallel nvcc processes for kernel builds. Default: the number of CPU cores."))
+
+log_level = _declare(Knob(
+    "FI_LOG_LEVEL", "str", "WARNING",
+    "Level of the 'fi' logger: DEBUG, INFO, WARNING, ERROR."))
+
+log_dispatch = _declare(Knob(
+    "FI_LOG_DISPATCH", "bool", "0",
+    "Log every backend choice of every op, with the reason, at INFO level on the 'fi.dispatch' logger."))
+
+check_inputs = _declare(Knob(
+    "FI_CHECK_INPUTS", "bool", "0",
+    "Run expensive input checks that need data from the device (page indices in range, monotone "
+    "indptr). They synchronise, so keep them off in production."))
+
+aot = _declare(Knob(
+    "FI_AOT", "bool", "0",
+    "When building a wheel, compile the package's declared kernel variants into it "
+    "(for FI_CUDA_ARCH_LIST)."))
+
+no_jit = _declare(Knob(
+    "FI_NO_JIT", "bool", "0",
+    "Never compile at run time: a kernel missing from the prebuilt set and the cache is an error."))
+
+verbose_build = _declare(Knob(
+    "FI_VERBOSE_BUILD", "bool", "0", "Print nvcc/ninja output of kernel builds as they run."))
+
+
+@contextlib.contextmanager
+def override(**values: Optional[str]) -> Iterator[None]:
+    """Set knobs (by variable name) for the duration of the block; None unsets."""
+    unknown = [k for k in values if k not in KNOBS and k not in _alias_names()]
+    if unknown:
+        raise KeyError(f"unknown knob(s) {unknown}; declared: {sorted(KNOBS)}")
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _alias_names() -> set[str]:
+    return {a for k in KNOBS.values() for a in k.aliases}
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, current raw value, doc) for every knob: used by `flashinfer show-config`."""
+    return [(k.name, str(k.raw()), k.doc) for k in KNOBS.values()]

@@ -1,0 +1,36 @@
+"""Host-side launch helpers: the current torch stream as a raw handle, tensor pointers.
+
+These sit on every op's hot path, so they avoid torch's Python-level stream objects.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # the raw-handle accessor costs ~0.2 us; torch.cuda.current_stream() builds an object
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    _raw_stream = None
+
+
+def current_stream(device: torch.device | int | None = None) -> int:
+    """cudaStream_t of torch's current stream on `device`, as an int for ctypes."""
+    if isinstance(device, torch.device):
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+    elif device is None:
+        idx = torch.cuda.current_device()
+    else:
+        idx = int(device)
+    if _raw_stream is not None:
+        return _raw_stream(idx)
+    return torch.cuda.current_stream(idx).cuda_stream  # pragma: no cover
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    """data_ptr() of a tensor, None (NULL) for None."""
+    return None if t is None else t.data_ptr()
+
+
+def is_capturing() -> bool:
+    """Whether the current stream is being captured into a CUDA graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
