@@ -30,6 +30,19 @@ from .arch import Arch
 from .errors import UnsupportedError
 
 dispatch_log = logging.getLogger("fi.dispatch")
+_handler_installed = False
+
+
+def _enable_dispatch_log() -> None:
+    """FI_LOG_DISPATCH=1 must print even when the application configured no logging."""
+    global _handler_installed
+    if not _handler_installed:
+        _handler_installed = True
+        dispatch_log.setLevel(logging.INFO)
+        if not dispatch_log.handlers and not logging.getLogger().handlers:
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            dispatch_log.addHandler(h)
 
 # A check receives the call's facts and returns None when supported, else the reason.
 Check = Callable[[dict], Optional[str]]
@@ -135,6 +148,7 @@ class OpInfo:
             why = b.reason(dev.type, arch, dtype, facts)
             if why is None:
                 if knobs.log_dispatch():
+                    _enable_dispatch_log()
                     skipped = "; ".join(f"{n}: {r}" for n, r in reasons)
                     dispatch_log.info(
                         "%s -> %s (requested %s; %s%s)", self.name, b.name, requested,

@@ -150,11 +150,13 @@ def _max_jobs() -> int:
 
 
 def build_many(specs: Sequence[KernelSpec], *, jobs: Optional[int] = None,
-               progress: Optional[ProgressFn] = None, force: bool = False) -> list[Path]:
+               progress: Optional[ProgressFn] = None, force: bool = False,
+               built: Optional[set] = None) -> list[Path]:
     """Make sure every spec is in the cache; build the missing ones in one ninja run.
 
     Returns the module directories in the order of ``specs``. Concurrent callers (one process per
     GPU rank) serialise on per-key locks and re-check after acquiring, so each module is built once.
+    `built`, if given, receives the dirnames this call compiled (not those another process did).
     """
     unique: dict[str, KernelSpec] = {}
     for s in specs:
@@ -177,6 +179,8 @@ def build_many(specs: Sequence[KernelSpec], *, jobs: Optional[int] = None,
                 todo.append(unique[name])
         if todo:
             _build_locked(todo, jobs=jobs, progress=progress)
+            if built is not None:
+                built.update(s.dirname for s in todo)
     finally:
         for lk in reversed(stack):
             lk.__exit__(None, None, None)

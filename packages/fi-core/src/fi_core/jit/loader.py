@@ -147,14 +147,15 @@ def load_many(specs: Sequence[KernelSpec], *, jobs: Optional[int] = None) -> lis
             out.append(mod)
             if mod is None and locate(s)[0] is None:
                 missing.append(s)
+        built: set = set()
         if missing:
-            build_many(missing, jobs=jobs)
+            build_many(missing, jobs=jobs, built=built)
         for i, s in enumerate(specs):
             if out[i] is None:
                 path, origin = locate(s)
                 if path is None:
                     raise CacheError(f"module {s.dirname} failed verification after build: {origin}")
-                if s in missing:
+                if s.dirname in built:
                     origin = "built"
                 mod = Module(s, path, origin)
                 _LOADED[s.key()] = mod

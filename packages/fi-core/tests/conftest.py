@@ -1,0 +1,9 @@
+import pytest
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty kernel cache for one test."""
+    d = tmp_path / "fi-cache"
+    monkeypatch.setenv("FI_CACHE_DIR", str(d))
+    return d

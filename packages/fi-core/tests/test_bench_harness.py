@@ -1,0 +1,34 @@
+"""The parts of the benchmark harness that need no GPU: metrics, tables, JSON."""
+
+import json
+
+from fi_core import bench
+
+
+def test_metrics_and_table(tmp_path):
+    ours = bench.Timing(100.0, 95.0, 110.0, 30, "graph")
+    base = bench.Timing(150.0, 140.0, 160.0, 30, "graph")
+    row = bench.BenchRow("r", "8192x8192", ours, bytes=4.8e8, flops=1e12, baseline=("torch", base),
+                         target_us=120.0)
+    m = row.metrics("NVIDIA H200")
+    assert m["tb_s"] == 4.8 and m["pct_of_hbm_peak"] == 100.0
+    assert m["tflop_s"] == 10000.0 and m["speedup_vs_baseline"] == 1.5 and m["meets_target"]
+    assert m["baseline"]["tflop_s"] == round(1e12 / 150e-6 / 1e12, 1)
+    table = bench.format_table([m])
+    assert "8192x8192" in table and "torch" in table and "ok" in table
+    path = bench.write_results("r", {"gpu": "x"}, [m], tmp_path / "h200")
+    data = json.loads(path.read_text())
+    assert data["routine"] == "r" and data["results"][0]["config"] == "8192x8192"
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H200") == "h200"
+    assert bench.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+
+
+def test_rotating_inputs_exceed_l2(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(bench, "l2_bytes", lambda device=None: 1000)
+    sets = bench.rotating_inputs(lambda i: (torch.empty(100, dtype=torch.float32),))
+    assert len(sets) * 400 >= 3 * 1000

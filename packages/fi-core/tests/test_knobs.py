@@ -1,0 +1,52 @@
+import os
+
+import pytest
+
+from fi_core import knobs
+
+
+def test_bool_and_int_knobs():
+    with knobs.override(FI_LOG_DISPATCH="yes", FI_MAX_JOBS="3"):
+        assert knobs.log_dispatch() is True and knobs.max_jobs() == 3
+    with knobs.override(FI_LOG_DISPATCH="0", FI_MAX_JOBS=None):
+        assert knobs.log_dispatch() is False and knobs.max_jobs() is None
+
+
+def test_bad_values_name_the_variable():
+    with knobs.override(FI_CHECK_INPUTS="maybe"):
+        with pytest.raises(ValueError, match="FI_CHECK_INPUTS"):
+            knobs.check_inputs()
+    with knobs.override(FI_MAX_JOBS="many"):
+        with pytest.raises(ValueError, match="FI_MAX_JOBS must be an integer"):
+            knobs.max_jobs()
+
+
+def test_override_restores_and_rejects_unknown():
+    before = os.environ.get("FI_CACHE_DIR")
+    with knobs.override(FI_CACHE_DIR="/tmp/x-fi"):
+        assert str(knobs.cache_dir()) == "/tmp/x-fi"
+    assert os.environ.get("FI_CACHE_DIR") == before
+    with pytest.raises(KeyError, match="unknown knob"):
+        with knobs.override(FI_NOT_A_KNOB="1"):
+            pass
+
+
+def test_every_knob_is_documented():
+    for name, _value, doc in knobs.describe():
+        assert name.isupper() and len(doc) > 20, name
+
+
+def test_no_other_module_reads_environ():
+    """Knobs are the only reader of configuration from the environment."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(knobs.__file__).resolve().parents[3]  # packages/
+    offenders = []
+    for f in root.glob("*/src/**/*.py"):
+        if f.name == "knobs.py":
+            continue
+        text = f.read_text()
+        if re.search(r"os\.environ(\.get|\[)|os\.getenv", text):
+            offenders.append(str(f.relative_to(root)))
+    assert not offenders, f"read os.environ outside knobs.py: {offenders}"

@@ -1,0 +1,5 @@
+"""flashinfer.activation: gated activations (from the fi-sampling package)."""
+
+from ._family import reexport
+
+reexport(globals(), "fi-sampling", "fi_sampling.activation")

@@ -1,0 +1,5 @@
+"""flashinfer.norm: RMSNorm and LayerNorm (from the fi-sampling package)."""
+
+from ._family import reexport
+
+reexport(globals(), "fi-sampling", "fi_sampling.norm")
