@@ -1,0 +1,440 @@
+// Portable ("fa2") prefill attention for sm_80/86/89/90: FlashAttention-2 style, tensor cores via
+// mma.sync.m16n8k16, K/V tiles streamed with cp.async into XOR-swizzled shared memory.
+//
+// The grid is persistent: CTA c runs work items work[work_indptr[c] .. work_indptr[c+1]) made by
+// the host planner (plan.py), so a CUDA graph replays any later plan with the same grid. A work
+// item is (request, kv head, first packed query row, kv range [kv_start, kv_end), partial slot).
+// "Packed" rows fold
+// the GQA group into the row dimension: packed row r of a request is query token r / G, qo head
+// kv_head * G + r % G, so all G query heads that share a KV head reuse one K/V tile.
+// Each warp owns 16 packed rows; the softmax is online, in base 2, in registers. A work item
+// whose request was split along KV (short queries over long KV) writes fp32 partial (o, lse) to
+// the workspace; fi_prefill_fa2_merge combines them (same math as merge_states).
+//
+// Compile-time configuration (one instantiation per module, from spec.py):
+//   FI_T (q/k/v/o element type), FI_D_QK, FI_D_VO, FI_NUM_WARPS, FI_PAGED, FI_CUSTOM_MASK,
+//   FI_SOFTCAP, FI_ALIBI.
+#include "fi/common.cuh"
+#include "fi/math.cuh"
+#include "fi/mma.cuh"
+#include "fi/pipeline.cuh"
+#include "fi/vec.cuh"
+
+namespace {
+
+using T = FI_T;
+constexpr int DQK = FI_D_QK;
+constexpr int DVO = FI_D_VO;
+constexpr int NW = FI_NUM_WARPS;
+constexpr int NT = NW * 32;
+constexpr int CTA_M = NW * 16;      // packed query rows per CTA
+constexpr int KN = 64;              // kv tokens per tile
+constexpr int CQK = DQK * 2 / 16;   // 16-byte chunks per Q/K row
+constexpr int CVO = DVO * 2 / 16;   // 16-byte chunks per V row
+static_assert(sizeof(T) == 2, "fa2 kernel takes 16-bit q/k/v");
+static_assert(DQK % 64 == 0 && DVO % 64 == 0, "head dims must be multiples of 64 (swizzle, mma)");
+
+// Host parameter block. The launcher receives it as two host arrays (int64 and double) whose
+// order is IP_* / FP_* below; prefill/launch.py builds them from the same list (a CPU test
+// checks that the two lists agree).
+enum IntParam {
+  IP_Q, IP_K, IP_V, IP_O, IP_LSE, IP_TMP_O, IP_TMP_LSE, IP_WORK,
+  IP_QO_INDPTR, IP_KV_INDPTR, IP_KV_INDICES, IP_KV_LAST_PAGE_LEN, IP_MASK, IP_MASK_INDPTR,
+  IP_ALIBI, IP_QO_LEN, IP_KV_LEN, IP_PAGE_SIZE,
+  IP_Q_STRIDE_N, IP_Q_STRIDE_H, IP_K_STRIDE_P, IP_K_STRIDE_N, IP_K_STRIDE_H,
+  IP_V_STRIDE_P, IP_V_STRIDE_N, IP_V_STRIDE_H, IP_O_STRIDE_N, IP_O_STRIDE_H,
+  IP_NUM_QO_HEADS, IP_NUM_KV_HEADS, IP_CAUSAL, IP_WINDOW_LEFT, IP_WORK_INDPTR, IP_NUM_CTAS,
+  IP_MERGE, IP_MERGE_COUNT, IP_NUM_MERGE_CTAS, IP_COUNT
+};
+enum FloatParam { FP_SCALE_LOG2, FP_SOFTCAP_PRE, FP_SOFTCAP_POST, FP_SM_SCALE, FP_COUNT };
+
+struct Params {
+  const T* q; const T* k; const T* v; T* o; float* lse;
+  float* tmp_o; float* tmp_lse;
+  const int* work; const int* work_indptr;
+  const int* merge; const int* merge_count;  // merge items and their number (device scalar)
+  const int* qo_indptr; const int* kv_indptr; const int* kv_indices; const int* kv_last_page_len;
+  const uint8_t* mask; const int* mask_indptr; const float* alibi;
+  int qo_len, kv_len, page_size;                 // qo_len/kv_len used when indptrs are null
+  int64_t q_sn, q_sh, k_sp, k_sn, k_sh, v_sp, v_sn, v_sh, o_sn, o_sh;
+  int num_qo_heads, num_kv_heads, group, causal, window_left;
+  float scale_log2;    // sm_scale * log2(e), no soft cap
+  float softcap_pre;   // sm_scale / cap
+  float softcap_post;  // cap * log2(e)
+  float sm_scale;
+};
+
+// Work item: req, kv head, packed_row_start, kv_start, kv_end, partial slot (-1: write o directly).
+constexpr int kWorkFields = 6;
+// Merge item: req, kv head, packed_row_start, first slot, number of slots.
+constexpr int kMergeFields = 5;
+
+struct Request {
+  int qo_start, qo_len, kv_len, kv_tok0;  // kv_tok0: first token (ragged) or first page slot (paged)
+};
+
+__device__ __forceinline__ Request request_of(const Params& p, int req) {
+  Request r;
+  if (p.qo_indptr != nullptr) {
+    r.qo_start = p.qo_indptr[req];
+    r.qo_len = p.qo_indptr[req + 1] - r.qo_start;
+    const int a = p.kv_indptr[req], b = p.kv_indptr[req + 1];
+    r.kv_tok0 = a;
+#if FI_PAGED
+    r.kv_len = b > a ? (b - a - 1) * p.page_size + p.kv_last_page_len[req] : 0;
+#else
+    r.kv_len = b - a;
+#endif
+  } else {
+    r.qo_start = 0; r.qo_len = p.qo_len; r.kv_len = p.kv_len; r.kv_tok0 = 0;
+  }
+  return r;
+}
+
+// Address of kv token `pos` of the request, head `h` (row start).
+__device__ __forceinline__ const T* kv_row(const T* base, int64_t sp, int64_t sn, int64_t sh,
+                                           const Params& p, const Request& r, int pos, int h) {
+#if FI_PAGED
+  const int page = __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size);
+  const int in_page = pos % p.page_size;
+  return base + (int64_t)page * sp + (int64_t)in_page * sn + (int64_t)h * sh;
+#else
+  return base + (int64_t)(r.kv_tok0 + pos) * sn + (int64_t)h * sh;
+#endif
+}
+
+// Copy KN kv rows [t0, t0 + KN) of one head into swizzled smem; rows >= kv_hi are zero-filled.
+template <int CH>
+__device__ __forceinline__ void load_kv_tile(uint32_t s_base, const T* g_base, int64_t sp,
+                                             int64_t sn, int64_t sh, const Params& p,
+                                             const Request& r, int t0, int kv_hi, int h) {
+#pragma unroll
+  for (int i = threadIdx.x; i < KN * CH; i += NT) {
+    const int row = i / CH, ch = i % CH;
+    const int pos = t0 + row;
+    const bool ok = pos < kv_hi;
+    const T* src = ok ? kv_row(g_base, sp, sn, sh, p, r, pos, h) + ch * 8 : g_base;
+    fi::cp_async_16(s_base + (row * CH + fi::swizzle_chunk(row, ch)) * 16, src, ok);
+  }
+}
+
+__device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8_t* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int req = w[0], kvh = w[1], row_start = w[2], slot = w[5];
+  const Request r = request_of(p, req);
+  const int G = p.group;
+  const int off = r.kv_len - r.qo_len;  // causal diagonal offset (bottom-right alignment)
+
+  const uint32_t sQ = fi::smem_u32(smem);
+  const uint32_t sK = sQ + CTA_M * DQK * 2;
+  const uint32_t sV = sK + KN * DQK * 2;
+
+  // kv range of this CTA: the work item's range, clipped by causality and the window.
+  const int min_qi = row_start / G;
+  const int max_qi = min((row_start + CTA_M - 1) / G, r.qo_len - 1);
+  int kv_lo = w[3], kv_hi = min(w[4], r.kv_len);
+  if (p.causal) kv_hi = min(kv_hi, max_qi + off + 1);
+  if (p.window_left >= 0) kv_lo = max(kv_lo, min_qi + off - p.window_left);
+  const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KN - 1) / KN : 0;
+
+  // Q tile: packed rows -> (token, head); rows past the request are zero-filled.
+  for (int i = threadIdx.x; i < CTA_M * CQK; i += NT) {
+    const int row = i / CQK, ch = i % CQK;
+    const int pr = row_start + row;
+    const int qi = pr / G, hq = kvh * G + (pr - qi * G);
+    const bool ok = qi < r.qo_len;
+    const T* src = ok ? p.q + (int64_t)(r.qo_start + qi) * p.q_sn + (int64_t)hq * p.q_sh + ch * 8 : p.q;
+    fi::cp_async_16(sQ + (row * CQK + fi::swizzle_chunk(row, ch)) * 16, src, ok);
+  }
+  if (n_tiles > 0) load_kv_tile<CQK>(sK, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, kv_lo, kv_hi, kvh);
+  fi::cp_async_commit();
+
+  // Per-thread rows: h = 0 -> row g, h = 1 -> row g + 8 of this warp's 16.
+  int qi_of[2], diag[2];
+  float alibi_slope[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = row_start + warp * 16 + g + 8 * h;
+    qi_of[h] = pr / G;
+    diag[h] = qi_of[h] + off;
+#if FI_ALIBI
+    alibi_slope[h] = p.alibi[kvh * G + (pr - qi_of[h] * G)] * fi::kLog2e;
+#else
+    alibi_slope[h] = 0.f;
+#endif
+  }
+  const int diag_min = min_qi + off, diag_max = max_qi + off;
+#if FI_CUSTOM_MASK
+  const uint8_t* mask = p.mask + (p.mask_indptr != nullptr ? p.mask_indptr[req] : 0);
+#endif
+
+  float o[DVO / 8][4];
+#pragma unroll
+  for (int i = 0; i < DVO / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {fi::kNegInf, fi::kNegInf}, l[2] = {0.f, 0.f};
+
+  const int q_row = warp * 16 + (lane & 15);
+  for (int it = 0; it < n_tiles; ++it) {
+    const int t0 = kv_lo + it * KN;
+    // K[it] (and Q) landed; every warp finished P*V of the previous tile, so V's buffer is free.
+    fi::cp_async_wait<0>();
+    __syncthreads();
+    load_kv_tile<CVO>(sV, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0, kv_hi, kvh);
+    fi::cp_async_commit();
+
+    // S = Q K^T (16 x KN per warp).
+    float s[KN / 8][4];
+#pragma unroll
+    for (int i = 0; i < KN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < DQK / 16; ++ks) {
+      uint32_t a[4];
+      fi::ldmatrix_x4(a, sQ + (q_row * CQK + fi::swizzle_chunk(q_row, ks * 2 + (lane >> 4))) * 16);
+#pragma unroll
+      for (int np = 0; np < KN / 16; ++np) {
+        const int kr = np * 16 + ((lane >> 4) << 3) + (lane & 7);
+        uint32_t b[4];
+        fi::ldmatrix_x4(b, sK + (kr * CQK + fi::swizzle_chunk(kr, ks * 2 + ((lane >> 3) & 1))) * 16);
+        fi::mma_16816<T>(s[2 * np], a, b[0], b[1]);
+        fi::mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Logits in base 2, masking, online softmax.
+    const bool need_mask = FI_CUSTOM_MASK || t0 + KN > kv_hi || (p.causal && t0 + KN - 1 > diag_min) ||
+                           (p.window_left >= 0 && t0 < diag_max - p.window_left);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int nb = 0; nb < KN / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = s[nb][2 * h + e];
+          const int kv = t0 + nb * 8 + 2 * t + e;
+#if FI_SOFTCAP
+          x = fi::tanh_approx(x * p.softcap_pre) * p.softcap_post;
+#else
+          x *= p.scale_log2;
+#endif
+#if FI_ALIBI
+          x += alibi_slope[h] * (float)(kv - diag[h]);
+#endif
+          if (need_mask) {
+            bool keep = kv < kv_hi && kv >= kv_lo;
+            if (p.causal) keep = keep && kv <= diag[h];
+            if (p.window_left >= 0) keep = keep && kv >= diag[h] - p.window_left;
+#if FI_CUSTOM_MASK
+            if (keep && qi_of[h] < r.qo_len) {
+              const int64_t bit = (int64_t)qi_of[h] * r.kv_len + kv;
+              keep = (__ldg(mask + (bit >> 3)) >> (bit & 7)) & 1;
+            }
+#endif
+            if (!keep) x = fi::kNegInf;
+          }
+          s[nb][2 * h + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+      const float m_use = mx == fi::kNegInf ? 0.f : mx;
+      const float corr = fi::exp2_approx(m[h] - m_use);
+      m[h] = mx;
+      float rs = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < KN / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = fi::exp2_approx(s[nb][2 * h + e] - m_use);
+          s[nb][2 * h + e] = pv;
+          rs += pv;
+        }
+      }
+      l[h] = l[h] * corr + rs;  // per-thread partial row sum; the quad is reduced at the end
+#pragma unroll
+      for (int d = 0; d < DVO / 8; ++d) {
+        o[d][2 * h] *= corr;
+        o[d][2 * h + 1] *= corr;
+      }
+    }
+
+    // V landed; every warp finished Q K^T, so K's buffer may be refilled with the next tile.
+    fi::cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      load_kv_tile<CQK>(sK, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0 + KN, kv_hi, kvh);
+      fi::cp_async_commit();
+    }
+
+    // O += P V: P's C-fragments are re-packed in registers as the A operand.
+#pragma unroll
+    for (int j = 0; j < KN / 16; ++j) {
+      uint32_t a[4];
+      a[0] = fi::pack2<T>(s[2 * j][0], s[2 * j][1]);
+      a[1] = fi::pack2<T>(s[2 * j][2], s[2 * j][3]);
+      a[2] = fi::pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
+      a[3] = fi::pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+      const int vr = j * 16 + (lane & 15);
+#pragma unroll
+      for (int dp = 0; dp < DVO / 16; ++dp) {
+        uint32_t b[4];
+        fi::ldmatrix_x4_trans(b, sV + (vr * CVO + fi::swizzle_chunk(vr, dp * 2 + (lane >> 4))) * 16);
+        fi::mma_16816<T>(o[2 * dp], a, b[0], b[1]);
+        fi::mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  fi::cp_async_wait<0>();  // nothing may be in flight when the CTA exits (empty ranges load Q only)
+
+  // Epilogue: normalise, write o (or the fp32 partial) and the base-2 LSE.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const float lse = lt > 0.f ? m[h] + fi::log2_approx(lt) : fi::kNegInf;
+    const int local = warp * 16 + g + 8 * h;
+    const int pr = row_start + local;
+    const int qi = qi_of[h];
+    if (slot < 0) {
+      if (qi >= r.qo_len) continue;
+      const int hq = kvh * G + (pr - qi * G);
+      T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + 2 * t;
+#pragma unroll
+      for (int d = 0; d < DVO / 8; ++d) {
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = fi::pack2<T>(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+      }
+      if (p.lse != nullptr && t == 0) p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = lse;
+    } else {
+      const int64_t base = (int64_t)slot * CTA_M + local;
+      float* dst = p.tmp_o + base * DVO + 2 * t;
+#pragma unroll
+      for (int d = 0; d < DVO / 8; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+      }
+      if (t == 0) p.tmp_lse[base] = lse;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(NT, 1) prefill_fa2_kernel(const Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int first = p.work_indptr[blockIdx.x], last = p.work_indptr[blockIdx.x + 1];
+  for (int i = first; i < last; ++i) {
+    // The previous item's last reads of shared memory must finish before this one refills it.
+    __syncthreads();
+    attend_item(p, p.work + i * kWorkFields, smem);
+  }
+}
+
+// Combine split-KV partials: merge item = (req, packed_row_start, first slot, number of slots).
+// o = sum_i o_i 2^(lse_i - lse), lse = log2(sum_i 2^lse_i) (merge_states' math, base 2).
+constexpr int kMergeThreads = 128;
+
+__global__ void __launch_bounds__(kMergeThreads) prefill_fa2_merge_kernel(const Params p) {
+  const int count = *p.merge_count;
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+  const int* w = p.merge + item * kMergeFields;
+  const int req = w[0], kvh = w[1], row_start = w[2], slot0 = w[3], n = w[4];
+  const Request r = request_of(p, req);
+  const int G = p.group;
+  for (int i = threadIdx.x; i < CTA_M * (DVO / 4); i += kMergeThreads) {
+    const int local = i / (DVO / 4), c = (i % (DVO / 4)) * 4;
+    const int pr = row_start + local, qi = pr / G;
+    if (qi >= r.qo_len) continue;
+    float mx = fi::kNegInf;
+    for (int s = 0; s < n; ++s)
+      mx = fmaxf(mx, p.tmp_lse[(int64_t)(slot0 + s) * CTA_M + local]);
+    const float m_use = mx == fi::kNegInf ? 0.f : mx;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, den = 0.f;
+    for (int s = 0; s < n; ++s) {
+      const int64_t base = (int64_t)(slot0 + s) * CTA_M + local;
+      const float wgt = exp2f(p.tmp_lse[base] - m_use);
+      const float4 v = *reinterpret_cast<const float4*>(p.tmp_o + base * DVO + c);
+      acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
+      den += wgt;
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    const int hq = kvh * G + (pr - qi * G);
+    T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + c;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[k] = fi::from_float<T>(acc[k] * inv);
+    if (c == 0 && p.lse != nullptr)
+      p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = den > 0.f ? m_use + log2f(den) : fi::kNegInf;
+  }
+  }
+}
+
+Params make_params(const int64_t* ip, const double* fp) {
+  Params p;
+  p.q = reinterpret_cast<const T*>(ip[IP_Q]);
+  p.k = reinterpret_cast<const T*>(ip[IP_K]);
+  p.v = reinterpret_cast<const T*>(ip[IP_V]);
+  p.o = reinterpret_cast<T*>(ip[IP_O]);
+  p.lse = reinterpret_cast<float*>(ip[IP_LSE]);
+  p.tmp_o = reinterpret_cast<float*>(ip[IP_TMP_O]);
+  p.tmp_lse = reinterpret_cast<float*>(ip[IP_TMP_LSE]);
+  p.work = reinterpret_cast<const int*>(ip[IP_WORK]);
+  p.work_indptr = reinterpret_cast<const int*>(ip[IP_WORK_INDPTR]);
+  p.merge = reinterpret_cast<const int*>(ip[IP_MERGE]);
+  p.merge_count = reinterpret_cast<const int*>(ip[IP_MERGE_COUNT]);
+  p.qo_indptr = reinterpret_cast<const int*>(ip[IP_QO_INDPTR]);
+  p.kv_indptr = reinterpret_cast<const int*>(ip[IP_KV_INDPTR]);
+  p.kv_indices = reinterpret_cast<const int*>(ip[IP_KV_INDICES]);
+  p.kv_last_page_len = reinterpret_cast<const int*>(ip[IP_KV_LAST_PAGE_LEN]);
+  p.mask = reinterpret_cast<const uint8_t*>(ip[IP_MASK]);
+  p.mask_indptr = reinterpret_cast<const int*>(ip[IP_MASK_INDPTR]);
+  p.alibi = reinterpret_cast<const float*>(ip[IP_ALIBI]);
+  p.qo_len = (int)ip[IP_QO_LEN];
+  p.kv_len = (int)ip[IP_KV_LEN];
+  p.page_size = (int)ip[IP_PAGE_SIZE];
+  p.q_sn = ip[IP_Q_STRIDE_N]; p.q_sh = ip[IP_Q_STRIDE_H];
+  p.k_sp = ip[IP_K_STRIDE_P]; p.k_sn = ip[IP_K_STRIDE_N]; p.k_sh = ip[IP_K_STRIDE_H];
+  p.v_sp = ip[IP_V_STRIDE_P]; p.v_sn = ip[IP_V_STRIDE_N]; p.v_sh = ip[IP_V_STRIDE_H];
+  p.o_sn = ip[IP_O_STRIDE_N]; p.o_sh = ip[IP_O_STRIDE_H];
+  p.num_qo_heads = (int)ip[IP_NUM_QO_HEADS];
+  p.num_kv_heads = (int)ip[IP_NUM_KV_HEADS];
+  p.group = p.num_qo_heads / p.num_kv_heads;
+  p.causal = (int)ip[IP_CAUSAL];
+  p.window_left = (int)ip[IP_WINDOW_LEFT];
+  p.scale_log2 = (float)fp[FP_SCALE_LOG2];
+  p.softcap_pre = (float)fp[FP_SOFTCAP_PRE];
+  p.softcap_post = (float)fp[FP_SOFTCAP_POST];
+  p.sm_scale = (float)fp[FP_SM_SCALE];
+  return p;
+}
+
+}  // namespace
+
+constexpr int kSmemBytes = (CTA_M * DQK + KN * DQK + KN * DVO) * 2;
+
+// Runs the attention work list and then (if any item was split) the merge. `ip`/`fp` are host
+// arrays laid out as IntParam / FloatParam. Reads them at call time, so CUDA-graph capture
+// records the values (the device buffers they point at may change between replays).
+FI_EXPORT int fi_prefill_fa2(const int64_t* ip, const double* fp, cudaStream_t stream) {
+  const Params p = make_params(ip, fp);
+  const int num_ctas = (int)ip[IP_NUM_CTAS], num_merge_ctas = (int)ip[IP_NUM_MERGE_CTAS];
+  if (num_ctas > 0) {
+    FI_TRY(fi::set_max_dynamic_smem(prefill_fa2_kernel, kSmemBytes));
+    prefill_fa2_kernel<<<(unsigned)num_ctas, NT, kSmemBytes, stream>>>(p);
+    FI_TRY(cudaGetLastError());
+  }
+  if (num_merge_ctas > 0) {
+    prefill_fa2_merge_kernel<<<(unsigned)num_merge_ctas, kMergeThreads, 0, stream>>>(p);
+  }
+  return FI_LAUNCH_STATUS();
+}
+
+// Resident CTAs per SM of the attention kernel and its CTA rows, for the planner: out[0], out[1].
+FI_EXPORT int fi_prefill_fa2_info(int* out) {
+  FI_TRY(fi::set_max_dynamic_smem(prefill_fa2_kernel, kSmemBytes));
+  int blocks = 0;
+  FI_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, prefill_fa2_kernel, NT, kSmemBytes));
+  out[0] = blocks;
+  out[1] = CTA_M;
+  return cudaSuccess;
+}
