@@ -1,0 +1,322 @@
+// Rotary position embedding (RoPE) for q and k in one pass: NeoX (rotate halves) and GPT-J
+// (rotate even/odd pairs), partial rotary_dim, positions from pos_ids or from (indptr, offsets),
+// angles computed in the kernel (plain or Llama 3.1 frequency smoothing) or read from a
+// precomputed float32 cos/sin cache. Element type FI_T comes from the spec (one per module).
+//
+// Work split. A "lane" owns VEC rotation pairs of one head (NeoX: elements [f0, f0+VEC) and
+// [half+f0, half+f0+VEC); GPT-J: the 2*VEC elements from 2*f0), so every element is read once
+// and written once with up to 16-byte accesses: no re-read of the partner half. A thread is one
+// (token, head group, lane): it derives its VEC angles once and applies them to every head of its
+// group (q heads then k heads), kBatch heads' loads in flight at a time. Out-of-place calls also
+// have "tail" lanes that copy the elements past rotary_dim.
+//
+// Accuracy. Frequencies are evaluated in fp64 and rounded once to fp32, and the angle is the fp32
+// product float(pos) * freq, which the fp32 reference reproduces bit for bit. The angle is then
+// reduced modulo 2*pi in fp64 before the fp32 sincosf, so positions up to 2^24 keep full fp32
+// accuracy (a fp32 reduction of pos * freq ~ 1e6 would lose ~7 bits).
+#include "fi/common.cuh"
+#include "fi/vec.cuh"
+
+#ifndef FI_T
+#error "FI_T (element type) must be defined by the spec"
+#endif
+
+namespace {
+
+using T = FI_T;
+
+constexpr int kThreads = 256;
+// Heads per thread whose loads are issued before the first store: 64 bytes in flight per thread
+// for 16-byte runs, and few enough registers for 3 resident blocks per SM.
+template <int VEC>
+constexpr int kBatch = VEC >= 8 ? 2 : 4;
+
+struct RopeParams {
+  const T* q;
+  const T* k;
+  T* q_out;
+  T* k_out;
+  int64_t q_sn, q_sh, k_sn, k_sh;      // input strides (elements): token, head
+  int64_t qo_sn, qo_sh, ko_sn, ko_sh;  // output strides
+  const void* pos;                     // pos_ids [nnz], or offsets [batch] when indptr != null
+  const void* indptr;                  // [batch + 1] or null
+  const float* cos_sin;                // [max_pos, 2 * half] or null (angles computed)
+  int64_t nnz;
+  int64_t max_pos;
+  int batch;
+  int hq, hk;
+  int half;       // rotary_dim / 2
+  int rot_lanes;  // half / VEC
+  int lanes;      // rot_lanes + tail-copy lanes
+  int heads_per_thread;
+  int groups;
+  bool pos64, indptr64;
+  bool llama;
+  double theta, rcp_scale, smooth_a, smooth_b;
+};
+
+FI_DEVICE int64_t load_index(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
+}
+
+// Position of token t. With indptr: request b = the last one with indptr[b] <= t (so empty
+// requests are skipped), position = offsets[b] + t - indptr[b].
+FI_DEVICE int64_t token_position(const RopeParams& p, int64_t t) {
+  if (p.indptr == nullptr) return load_index(p.pos, p.pos64, t);
+  int lo = 0, hi = p.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (load_index(p.indptr, p.indptr64, mid) <= t) lo = mid; else hi = mid - 1;
+  }
+  return load_index(p.pos, p.pos64, lo) + t - load_index(p.indptr, p.indptr64, lo);
+}
+
+// Frequency of pair i in fp64 (explicit _rn ops: no FMA contraction, so the host reference in
+// float64 gets the same double and hence the same fp32 rounding).
+FI_DEVICE float pair_frequency(const RopeParams& p, int i) {
+  const double e = __ddiv_rn(-2.0 * i, 2.0 * p.half);
+  const double f = pow(p.theta, e);
+  const double scaled = __dmul_rn(f, p.rcp_scale);
+  if (!p.llama) return __double2float_rn(scaled);
+  double s = __dadd_rn(__dmul_rn(f, p.smooth_a), p.smooth_b);
+  s = fmin(fmax(s, 0.0), 1.0);
+  return __double2float_rn(__dadd_rn(__dmul_rn(1.0 - s, scaled), __dmul_rn(s, f)));
+}
+
+// sin/cos of a fp32 angle up to ~2^24 in magnitude: exact-enough fp64 reduction to [-pi, pi]
+// (2*pi split in two doubles), then the accurate fp32 sincosf on its fast path.
+FI_DEVICE void sincos_reduced(float angle, float* s, float* c) {
+  constexpr double kInv2Pi = 0.15915494309189535;
+  constexpr double k2PiHi = 6.283185307179586;
+  constexpr double k2PiLo = 2.4492935982947064e-16;
+  const double a = angle;
+  const double n = rint(a * kInv2Pi);
+  double r = fma(-n, k2PiHi, a);
+  r = fma(-n, k2PiLo, r);
+  sincosf(__double2float_rn(r), s, c);
+}
+
+template <int VEC>
+FI_DEVICE void load_cos_sin(const RopeParams& p, int64_t pos, int f0, float (&c)[VEC], float (&s)[VEC]) {
+  if (pos < 0 || pos >= p.max_pos) {
+    // Out-of-range position: NaN outputs instead of an out-of-bounds read or a silent answer.
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) c[i] = s[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float* row = p.cos_sin + pos * (2 * (int64_t)p.half);
+  if constexpr (VEC % 4 == 0) {  // launcher guarantees 16-byte alignment for this case
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      const float4 cv = *reinterpret_cast<const float4*>(row + f0 + i);
+      const float4 sv = *reinterpret_cast<const float4*>(row + p.half + f0 + i);
+      c[i] = cv.x; c[i + 1] = cv.y; c[i + 2] = cv.z; c[i + 3] = cv.w;
+      s[i] = sv.x; s[i + 1] = sv.y; s[i + 2] = sv.z; s[i + 3] = sv.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      c[i] = row[f0 + i];
+      s[i] = row[p.half + f0 + i];
+    }
+  }
+}
+
+FI_DEVICE const T* head_in(const RopeParams& p, int64_t t, int h) {
+  return h < p.hq ? p.q + t * p.q_sn + h * p.q_sh : p.k + t * p.k_sn + (h - p.hq) * p.k_sh;
+}
+
+FI_DEVICE T* head_out(const RopeParams& p, int64_t t, int h) {
+  return h < p.hq ? p.q_out + t * p.qo_sn + h * p.qo_sh
+                  : p.k_out + t * p.ko_sn + (h - p.hq) * p.ko_sh;
+}
+
+template <bool INTERLEAVE, int VEC>
+__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
+  extern __shared__ float s_freq[];  // [half], only when angles are computed
+  if (p.cos_sin == nullptr) {
+    for (int i = threadIdx.x; i < p.half; i += kThreads) s_freq[i] = pair_frequency(p, i);
+    __syncthreads();
+  }
+  const int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
+  const int64_t per_token = (int64_t)p.groups * p.lanes;
+  const int64_t t = item / per_token;
+  if (t >= p.nnz) return;
+  const int rem = static_cast<int>(item - t * per_token);
+  const int g = rem / p.lanes;
+  const int lane = rem - g * p.lanes;
+  const int h_begin = g * p.heads_per_thread;
+  const int h_end = min(h_begin + p.heads_per_thread, p.hq + p.hk);
+
+  if (lane >= p.rot_lanes) {
+    // Tail copy (out-of-place only): elements [rotary_dim, head_dim) pass through unchanged.
+    const int off = 2 * p.half + (lane - p.rot_lanes) * VEC;
+    for (int h = h_begin; h < h_end; h += kBatch<VEC>) {
+      fi::vec_t<T, VEC> x[kBatch<VEC>];
+#pragma unroll
+      for (int j = 0; j < kBatch<VEC>; ++j)
+        if (h + j < h_end) x[j].load(head_in(p, t, h + j) + off);
+#pragma unroll
+      for (int j = 0; j < kBatch<VEC>; ++j)
+        if (h + j < h_end) x[j].store(head_out(p, t, h + j) + off);
+    }
+    return;
+  }
+
+  const int f0 = lane * VEC;  // first pair (= frequency index) of this lane
+  float c[VEC], s[VEC];
+  const int64_t pos = token_position(p, t);
+  if (p.cos_sin != nullptr) {
+    load_cos_sin<VEC>(p, pos, f0, c, s);
+  } else {
+    const float fpos = __ll2float_rn(pos);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sincos_reduced(__fmul_rn(fpos, s_freq[f0 + i]), &s[i], &c[i]);
+  }
+
+  // Two VEC-element runs per head: NeoX pairs (a[i], b[i]); GPT-J pairs are adjacent elements of
+  // the 2*VEC-long run a ++ b.
+  const int off_a = INTERLEAVE ? 2 * f0 : f0;
+  const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
+  for (int h = h_begin; h < h_end; h += kBatch<VEC>) {
+    fi::vec_t<T, VEC> a[kBatch<VEC>], b[kBatch<VEC>];
+#pragma unroll
+    for (int j = 0; j < kBatch<VEC>; ++j) {
+      if (h + j < h_end) {
+        const T* src = head_in(p, t, h + j);
+        a[j].load(src + off_a);
+        b[j].load(src + off_b);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch<VEC>; ++j) {
+      if (h + j >= h_end) continue;
+      float e[2 * VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        e[i] = fi::to_float(a[j][i]);
+        e[VEC + i] = fi::to_float(b[j][i]);
+      }
+      float r[2 * VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const int ix = INTERLEAVE ? 2 * i : i;
+        const int iy = INTERLEAVE ? 2 * i + 1 : VEC + i;
+        r[ix] = e[ix] * c[i] - e[iy] * s[i];
+        r[iy] = e[iy] * c[i] + e[ix] * s[i];
+      }
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        a[j][i] = fi::from_float<T>(r[i]);
+        b[j][i] = fi::from_float<T>(r[VEC + i]);
+      }
+      T* dst = head_out(p, t, h + j);
+      a[j].store(dst + off_a);
+      b[j].store(dst + off_b);
+    }
+  }
+}
+
+template <bool INTERLEAVE, int VEC>
+int launch(const RopeParams& p, cudaStream_t stream) {
+  auto kernel = rope_kernel<INTERLEAVE, VEC>;
+  // Resident blocks per SM, read once per process from the occupancy calculator (registers
+  // decide it), so the head grouping below fills the GPU in about one wave.
+  static int blocks_per_sm = [&] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 2048) != cudaSuccess) n = 4;
+    return n > 0 ? n : 1;
+  }();
+  RopeParams q = p;
+  const int heads = p.hq + p.hk;
+  const int64_t per_group = p.nnz * p.lanes;  // threads per head group
+  const int64_t resident = (int64_t)fi::sm_count() * blocks_per_sm * kThreads;
+  int64_t want = resident / (per_group > 0 ? per_group : 1);
+  want = want < 1 ? 1 : (want > heads ? heads : want);
+  q.heads_per_thread = (int)fi::ceil_div<int64_t>(heads, want);
+  q.groups = fi::ceil_div(heads, q.heads_per_thread);
+  const int64_t items = per_group * q.groups;
+  const int64_t blocks = fi::ceil_div<int64_t>(items, kThreads);
+  const size_t smem = p.cos_sin == nullptr ? sizeof(float) * p.half : 0;
+  FI_TRY(fi::set_max_dynamic_smem(kernel, (int)smem));
+  kernel<<<(unsigned)blocks, kThreads, smem, stream>>>(q);
+  return FI_LAUNCH_STATUS();
+}
+
+template <bool INTERLEAVE>
+int launch_vec(int vec, const RopeParams& p, cudaStream_t stream) {
+  switch (vec) {
+    case 8: if constexpr (sizeof(T) <= 2) return launch<INTERLEAVE, 8>(p, stream); break;
+    case 4: return launch<INTERLEAVE, 4>(p, stream);
+    case 2: return launch<INTERLEAVE, 2>(p, stream);
+    default: return launch<INTERLEAVE, 1>(p, stream);
+  }
+  return (int)cudaErrorInvalidValue;
+}
+
+bool aligned_to(const void* ptr, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+}  // namespace
+
+// q/k: [nnz, hq|hk, head_dim] with the given strides (elements, last dim contiguous); outputs may
+// alias the inputs (in-place: then the tail past rotary_dim is not touched). `pos` is pos_ids
+// [nnz], or offsets [batch] when `indptr` [batch+1] is given; `cos_sin` [max_pos, rotary_dim]
+// float32 replaces the computed angles when non-null. Index tensors are int32 or int64 (flags).
+FI_EXPORT int fi_rope(void* q_out, void* k_out, const void* q, const void* k, int64_t nnz,
+                      int64_t hq, int64_t hk, int64_t head_dim, int64_t rotary_dim, int64_t q_sn,
+                      int64_t q_sh, int64_t k_sn, int64_t k_sh, int64_t qo_sn, int64_t qo_sh,
+                      int64_t ko_sn, int64_t ko_sh, const void* pos, int64_t pos64,
+                      const void* indptr, int64_t indptr64, int64_t batch, const void* cos_sin,
+                      int64_t max_pos, int64_t interleave, double theta, double rcp_scale,
+                      int64_t llama, double smooth_a, double smooth_b, cudaStream_t stream) {
+  if (nnz <= 0 || hq + hk <= 0) return cudaSuccess;
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) return (int)cudaErrorInvalidValue;
+  const bool copy_tail = q_out != q && rotary_dim < head_dim;
+  const int64_t half = rotary_dim / 2;
+
+  // Widest access (<= 16 bytes) that every run start, stride and base pointer allows.
+  auto fits = [&](int v) {
+    const int64_t bytes = v * (int64_t)sizeof(T);
+    if (half % v != 0) return false;
+    if (copy_tail && (head_dim - rotary_dim) % v != 0) return false;
+    const int64_t strides[] = {q_sn, q_sh, k_sn, k_sh, qo_sn, qo_sh, ko_sn, ko_sh};
+    for (int64_t s : strides)
+      if (s % v != 0) return false;
+    const void* ptrs[] = {q, k, q_out, k_out};
+    for (const void* ptr : ptrs)
+      if (!aligned_to(ptr, bytes)) return false;
+    if (cos_sin != nullptr && v % 4 == 0 && !aligned_to(cos_sin, 16)) return false;
+    return true;
+  };
+  int vec = 16 / (int)sizeof(T);
+  while (vec > 1 && !fits(vec)) vec /= 2;
+
+  RopeParams p{};
+  p.q = static_cast<const T*>(q);
+  p.k = static_cast<const T*>(k);
+  p.q_out = static_cast<T*>(q_out);
+  p.k_out = static_cast<T*>(k_out);
+  p.q_sn = q_sn; p.q_sh = q_sh; p.k_sn = k_sn; p.k_sh = k_sh;
+  p.qo_sn = qo_sn; p.qo_sh = qo_sh; p.ko_sn = ko_sn; p.ko_sh = ko_sh;
+  p.pos = pos;
+  p.indptr = indptr;
+  p.cos_sin = static_cast<const float*>(cos_sin);
+  p.nnz = nnz;
+  p.max_pos = max_pos;
+  p.batch = (int)batch;
+  p.hq = (int)hq;
+  p.hk = (int)hk;
+  p.half = (int)half;
+  p.rot_lanes = (int)(half / vec);
+  p.lanes = p.rot_lanes + (copy_tail ? (int)((head_dim - rotary_dim) / vec) : 0);
+  p.pos64 = pos64 != 0;
+  p.indptr64 = indptr64 != 0;
+  p.llama = llama != 0;
+  p.theta = theta;
+  p.rcp_scale = rcp_scale;
+  p.smooth_a = smooth_a;
+  p.smooth_b = smooth_b;
+  return interleave ? launch_vec<true>(vec, p, stream) : launch_vec<false>(vec, p, stream);
+}
