@@ -1,0 +1,3 @@
+"""fi-sampling benchmark routines: importing this module registers them (one import per area)."""
+
+from . import bench_rope  # noqa: F401
