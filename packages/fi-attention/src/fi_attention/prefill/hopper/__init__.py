@@ -1,0 +1,199 @@
+"""The Hopper (sm_90a) FA3-style prefill kernel ("fa3"): TMA + warp-specialised wgmma.
+
+The public prefill API (``fi_attention.prefill``) calls this runner when ``backend='fa3'`` or when
+``'auto'`` picks it. Two seams:
+
+* :func:`supports` / :func:`run_ragged`: keyword-level, ragged K/V (single prefill = batch 1).
+* :func:`unsupported_reason` / :func:`run`: adapters for the prefill package's ``PrefillCall``.
+
+``run_ragged`` writes ``out`` (and ``lse``) in place: no allocation, no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from fi_core import arch_of, current_stream, load
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+
+from .spec import DTYPES, HEAD_DIMS, prefill_sm90_spec
+
+__all__ = ["supports", "run_ragged", "unsupported_reason", "run", "ARCH"]
+
+ARCH = "9.0a"  # wgmma / setmaxnreg need the arch-specific target
+
+
+def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+             causal: bool = False, custom_mask: bool = False, window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, pos_encoding_mode: str = "NONE",
+             paged: bool = False, page_size: int = 1) -> Optional[str]:
+    """Whether the fa3 kernel can run a case: None if it can, else the reason (one sentence).
+
+    The device architecture (sm_90a) is checked by the dispatcher (Backend archs), not here.
+    """
+    if head_dim_qk != head_dim_vo:
+        return f"fa3 needs head_dim_qk == head_dim_vo, got {head_dim_qk} and {head_dim_vo}"
+    if head_dim_qk not in HEAD_DIMS:
+        return f"fa3 supports head_dim {HEAD_DIMS}, got {head_dim_qk}"
+    if dtype not in DTYPES:
+        return f"fa3 supports q dtype bfloat16/float16, got {dtype}"
+    if kv_dtype is not None and kv_dtype != dtype:
+        return f"fa3 needs k/v dtype == q dtype ({dtype}), got {kv_dtype}"
+    if custom_mask:
+        return "fa3 does not support custom masks yet"
+    if window_left is not None and window_left >= 0:
+        return "fa3 does not support sliding windows (window_left >= 0) yet"
+    if logits_soft_cap is not None and logits_soft_cap > 0:
+        return "fa3 does not support logits_soft_cap yet"
+    if pos_encoding_mode not in (None, "NONE"):
+        return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
+    if paged:
+        return "fa3 does not support paged KV yet (ragged/single prefill only)"
+    return None
+
+
+def unsupported_reason(facts: dict) -> Optional[str]:
+    """:func:`supports` over the prefill dispatcher's facts dict (missing facts = defaults)."""
+    dtype = facts.get("dtype")
+    return supports(
+        head_dim_qk=facts.get("head_dim_qk", 128),
+        head_dim_vo=facts.get("head_dim_vo", facts.get("head_dim_qk", 128)),
+        dtype=dtype if dtype is not None else torch.bfloat16,
+        kv_dtype=facts.get("kv_dtype", dtype),
+        causal=bool(facts.get("causal", False)),
+        custom_mask=bool(facts.get("custom_mask", False)),
+        window_left=facts.get("window_left", -1),
+        logits_soft_cap=facts.get("logits_soft_cap"),
+        pos_encoding_mode=facts.get("pos_encoding_mode", "NONE"),
+        paged=bool(facts.get("paged", False)),
+        page_size=facts.get("page_size", 1),
+    )
+
+
+def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    # TMA needs 16-byte aligned base addresses and strides; the epilogue stores pairs of elements.
+    if t.dtype != dtype:
+        raise InputTypeError(f"{name} must be {dtype} like q, got {t.dtype}")
+    if t.dim() != 3:
+        raise InputError(f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}")
+    if t.stride(2) != 1:
+        raise InputError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+    if t.data_ptr() % 16 or t.stride(0) % 8 or (t.shape[1] > 1 and t.stride(1) % 8):
+        raise InputError(f"{name} must be 16-byte aligned with token/head strides that are multiples "
+                         f"of 8 elements for the fa3 kernel, got ptr % 16 = {t.data_ptr() % 16}, "
+                         f"strides {t.stride()}")
+
+
+def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               qo_indptr: Optional[torch.Tensor], kv_indptr: Optional[torch.Tensor],
+               out: torch.Tensor, lse: Optional[torch.Tensor], *, causal: bool, sm_scale: float,
+               logits_soft_cap: Optional[float] = None, window_left: int = -1,
+               max_qo_len: int, batch_size: int) -> None:
+    """Ragged prefill attention on Hopper, written into ``out`` (and ``lse``).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[nnz_q, H_qo, D]`` bfloat16/float16, last dim contiguous (token/head strides are read).
+    k, v : torch.Tensor
+        ``[nnz_kv, H_kv, D]``, same dtype; ``H_qo`` a multiple of ``H_kv`` (GQA).
+    qo_indptr, kv_indptr : torch.Tensor or None
+        Device int32 ``[batch_size + 1]``. Both None = one request (``q`` and ``k`` whole).
+    out : torch.Tensor
+        ``[nnz_q, H_qo, D]``, q's dtype; overwritten.
+    lse : torch.Tensor or None
+        Contiguous float32 ``[nnz_q, H_qo]``, base-2 log-sum-exp; -inf for rows that see no key.
+    causal : bool
+        Bottom-right aligned: query ``i`` of a request sees keys ``j <= i + kv_len - qo_len``.
+    sm_scale : float
+        Logit scale (FlashInfer default ``1/sqrt(D)``, applied by the caller).
+    logits_soft_cap, window_left
+        Must be off (None/0 and -1) in this version; see :func:`supports`.
+    max_qo_len, batch_size : int
+        Host ints: the longest request's query count (an upper bound is fine) and the batch.
+
+    Examples
+    --------
+    >>> q = torch.randn(4096, 32, 128, dtype=torch.bfloat16, device="cuda")       # doctest: +SKIP
+    >>> k = v = torch.randn(4096, 8, 128, dtype=torch.bfloat16, device="cuda")    # doctest: +SKIP
+    >>> out = torch.empty_like(q)                                                # doctest: +SKIP
+    >>> run_ragged(q, k, v, None, None, out, None, causal=True, sm_scale=128 ** -0.5,
+    ...            max_qo_len=4096, batch_size=1)                                # doctest: +SKIP
+    """
+    if (logits_soft_cap is not None and logits_soft_cap > 0) or (window_left is not None and window_left >= 0):
+        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap / window_left yet")
+    dtype = q.dtype
+    if dtype not in DTYPES:
+        raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        _check_nhd(name, t, dtype)
+    nnz_q, hq, d = q.shape
+    nnz_kv, hkv, dk = k.shape
+    if d not in HEAD_DIMS or dk != d or v.shape[2] != d or out.shape[2] != d:
+        raise InputError(f"fa3 needs equal head dims in {HEAD_DIMS}: q {d}, k {dk}, v {v.shape[2]}, out {out.shape[2]}")
+    if v.shape[:2] != k.shape[:2]:
+        raise InputError(f"v must match k in [tokens, heads], got {tuple(v.shape)} vs {tuple(k.shape)}")
+    if hkv == 0 or hq % hkv:
+        raise InputError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
+    if tuple(out.shape[:2]) != (nnz_q, hq):
+        raise InputError(f"out must be [{nnz_q}, {hq}, {d}], got {tuple(out.shape)}")
+    if lse is not None:
+        if lse.dtype != torch.float32 or tuple(lse.shape) != (nnz_q, hq) or not lse.is_contiguous():
+            raise InputError(f"lse must be contiguous float32 [{nnz_q}, {hq}], got {lse.dtype} "
+                             f"{tuple(lse.shape)} strides {lse.stride()}")
+    if (qo_indptr is None) != (kv_indptr is None):
+        raise InputError("qo_indptr and kv_indptr must both be given or both be None")
+    if qo_indptr is None:
+        if batch_size != 1:
+            raise InputError(f"without indptrs batch_size must be 1, got {batch_size}")
+        max_qo_len = nnz_q
+    else:
+        for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+            if t.dtype != torch.int32 or t.device != q.device or t.numel() < batch_size + 1:
+                raise InputError(f"{name} must be int32 on {q.device} with >= {batch_size + 1} "
+                                 f"entries, got {t.dtype} on {t.device} with {t.numel()}")
+    if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
+        return
+    if nnz_kv == 0:
+        raise InputError("k/v must hold at least one token")
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device)))
+    mod.fi_prefill_sm90_ragged(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(),
+        0 if qo_indptr is None else qo_indptr.data_ptr(),
+        0 if kv_indptr is None else kv_indptr.data_ptr(),
+        out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+        nnz_q, nnz_kv, hq, hkv,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        batch_size, int(max_qo_len), float(sm_scale), current_stream(q.device))
+
+
+def run(call) -> None:
+    """Adapter for ``fi_attention.prefill.launch.PrefillCall`` (ragged or single prefill).
+
+    ``max_qo_len`` is taken from ``call.max_qo_len`` or the plan when the caller provides it;
+    otherwise ``nnz_q`` bounds it (correct, but launches idle CTAs for large batches).
+    """
+    if getattr(call, "paged", False):
+        raise UnsupportedError("the fa3 kernel does not support paged KV yet")
+    if getattr(call, "packed_mask", None) is not None:
+        raise UnsupportedError("the fa3 kernel does not support custom masks yet")
+    qo_indptr = getattr(call, "qo_indptr", None)
+    kv_indptr = getattr(call, "kv_indptr", None)
+    nnz_q = call.q.shape[0]
+    if qo_indptr is None:
+        batch, max_qo = 1, nnz_q
+    else:
+        batch = qo_indptr.numel() - 1
+        max_qo = getattr(call, "max_qo_len", None)
+        plan = getattr(getattr(call, "schedule", None), "plan", None)
+        if max_qo is None and plan is not None:
+            max_qo = getattr(plan, "max_qo_len", None)
+        max_qo = nnz_q if not max_qo else int(max_qo)
+    softcap = getattr(call, "logits_soft_cap", 0.0) or None
+    run_ragged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.out, call.lse,
+               causal=bool(call.causal), sm_scale=float(call.sm_scale), logits_soft_cap=softcap,
+               window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch)

@@ -1,0 +1,493 @@
+// FlashAttention-3-style prefill attention for Hopper (sm_90a), ragged Q/K/V in NHD layout.
+//
+// One CTA = one 128-row query tile of one head of one request; 3 warpgroups:
+//   WG0      producer: one thread issues TMA loads (Q once, then K/V tiles into a 2-stage ring,
+//            walking the KV tiles from the last to the first so the masked tiles come first).
+//   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma SS (both from smem), P = softmax
+//            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
+//            transposed from smem through an MN-major descriptor).
+// Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
+// of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2).
+// setmaxnreg moves registers from the producer (which needs ~30) to the consumers (which hold a
+// 64x128 fp32 O tile, a 64x128 fp32 S tile and a 16-bit P tile per warpgroup).
+//
+// Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
+// (64, 128, 256), FI_CAUSAL (0/1). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
+#include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "fi/common.cuh"
+#include "fi/math.cuh"
+
+#ifndef FI_HEAD_DIM
+#define FI_HEAD_DIM 128
+#endif
+#ifndef FI_CAUSAL
+#define FI_CAUSAL 0
+#endif
+#ifndef FI_DTYPE_BF16
+#define FI_DTYPE_BF16 1
+#endif
+
+namespace fi_hopper {
+using namespace cute;
+
+#if FI_DTYPE_BF16
+using Element = cutlass::bfloat16_t;
+#else
+using Element = cutlass::half_t;
+#endif
+
+constexpr int kHeadDim = FI_HEAD_DIM;
+constexpr bool kCausal = FI_CAUSAL != 0;
+constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
+constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
+constexpr int kStages = 2;
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kBoxCols = 64;                           // 64 x 16-bit = one 128-byte swizzle row
+constexpr int kBoxes = kHeadDim / kBoxCols;
+static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;                     // 40*128 + 232*256 <= 64K registers
+
+// ---- shared memory layouts (CuTe) --------------------------------------------------------------
+// The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
+// writes exactly this pattern, one box (all rows x 64 columns) after the other.
+using SmemAtom = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
+using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+using SmemLayoutK =
+    decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+// V^T view of the V tiles: (d, n, stage) -> V(n, d, stage); wgmma reads it as an MN-major B.
+using SmemLayoutVt = decltype(composition(
+    SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                               Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+using TiledMmaQK = decltype(make_tiled_mma(
+    GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>>(),
+    Layout<Shape<_2, _1, _1>>{}));
+using TiledMmaPV = decltype(make_tiled_mma(
+    GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM / 2>, Int<kHeadDim>, Int<kBlockN>>,
+                         GMMA::Major::K, GMMA::Major::MN>(),
+    Layout<Shape<_2, _1, _1>>{}));
+// The RS A fragment of a 64x16 k-slab holds the same 8 values, in the same order, as the fp32
+// accumulator of the 16 S columns it came from, so P reuses S's register order.
+using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
+
+struct alignas(1024) SharedStorage {
+  Element q[kBlockM * kHeadDim];                 // every box starts on a 1024-byte swizzle period
+  Element k[kStages * kBlockN * kHeadDim];
+  Element v[kStages * kBlockN * kHeadDim];
+  uint64_t bar_q;
+  uint64_t full_k[kStages];
+  uint64_t full_v[kStages];
+  uint64_t empty[kStages];
+};
+constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to align the base
+
+struct Params {
+  CUtensorMap tma_q;  // dims (d, head, token); box (64, 1, kBlockM)
+  CUtensorMap tma_k;  // box (64, 1, kBlockN)
+  CUtensorMap tma_v;
+  Element* o;
+  float* lse;
+  const int* qo_indptr;
+  const int* kv_indptr;
+  int64_t o_tok, o_head;
+  int num_qo_heads, group_size, num_m_blocks;
+  int single_qo_len, single_kv_len;  // used when qo_indptr is NULL
+  float scale_log2;  // sm_scale * log2(e): softmax in base 2
+};
+
+// ---- PTX helpers: mbarrier, TMA, register reconfiguration --------------------------------------
+FI_DEVICE uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+FI_DEVICE void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+FI_DEVICE void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+FI_DEVICE void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Blocks until the phase with parity `phase` has completed (a fresh barrier counts parity 1 done).
+FI_DEVICE void mbar_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}" ::"r"(smem_u32(bar)),
+      "r"(phase)
+      : "memory");
+}
+FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+template <int N> FI_DEVICE void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N> FI_DEVICE void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+
+// Issue one warpgroup GEMM C (+)= A B over all k-slabs and commit it as one wgmma group; the caller
+// waits (warpgroup_wait) before touching C, and before overwriting a register A.
+// kRegA: A is a register fragment (RS); otherwise A is an smem descriptor (SS).
+template <bool kZeroInit, bool kRegA, class Mma, class TA, class TB, class TC>
+FI_DEVICE void gemm_issue(Mma& mma, TA& a, TB const& b, TC& c) {
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+}
+
+FI_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+FI_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+FI_DEVICE uint32_t pack2(float a, float b) {
+#if FI_DTYPE_BF16
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+#else
+  __half2 h = __floats2half2_rn(a, b);
+#endif
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Accumulator value v of a thread sits in row half (v >> 1) & 1 of its two rows (CuTe's SM90
+// C layout: v = col_pair + 2 * row_half + 4 * col_block_of_8).
+FI_DEVICE constexpr int row_of(int v) { return (v >> 1) & 1; }
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_constant__ Params p) {
+  extern __shared__ char smem_raw[];
+  SharedStorage& ss = *reinterpret_cast<SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  // Longest tiles first: under causal masking the last query tiles see the most keys.
+  const int m_block = p.num_m_blocks - 1 - int(blockIdx.x);
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  // Single prefill passes no indptrs: one request of single_qo_len x single_kv_len.
+  const bool single = p.qo_indptr == nullptr;
+  const int qo_start = single ? 0 : p.qo_indptr[b];
+  const int qo_len = single ? p.single_qo_len : p.qo_indptr[b + 1] - qo_start;
+  const int kv_start = single ? 0 : p.kv_indptr[b];
+  const int kv_len = single ? p.single_kv_len : p.kv_indptr[b + 1] - kv_start;
+  if (m_block * kBlockM >= qo_len) return;  // whole CTA, before any barrier exists
+  const int kv_head = head / p.group_size;
+  // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
+  const int diag = kv_len - qo_len;
+
+  int n_end = fi::ceil_div(kv_len, kBlockN);
+  if (kCausal) {
+    const int keys = min(kv_len, min((m_block + 1) * kBlockM, qo_len) + diag);
+    n_end = keys <= 0 ? 0 : min(n_end, fi::ceil_div(keys, kBlockN));
+  }
+  if (n_end <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention)
+    const int rows = min(kBlockM, qo_len - m_block * kBlockM);
+    for (int idx = threadIdx.x; idx < rows * kHeadDim; idx += kThreads) {
+      const int r = idx / kHeadDim, c = idx % kHeadDim;
+      p.o[int64_t(qo_start + m_block * kBlockM + r) * p.o_tok + int64_t(head) * p.o_head + c] = Element(0.f);
+    }
+    if (p.lse != nullptr)
+      for (int r = threadIdx.x; r < rows; r += kThreads)
+        p.lse[int64_t(qo_start + m_block * kBlockM + r) * p.num_qo_heads + head] = fi::kNegInf;
+    return;
+  }
+
+  if (threadIdx.x == 0) {
+    mbar_init(&ss.bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&ss.full_k[s], 1);
+      mbar_init(&ss.full_v[s], 1);
+      mbar_init(&ss.empty[s], kConsumerThreads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ------------------------------------------------------------------ producer
+    reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+      constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+      mbar_expect_tx(&ss.bar_q, kQBytes);
+      for (int bx = 0; bx < kBoxes; ++bx)
+        tma_load_3d(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
+                    qo_start + m_block * kBlockM);
+      for (int it = 0; it < n_end; ++it) {
+        const int n = n_end - 1 - it;
+        const int s = it % kStages;
+        mbar_wait(&ss.empty[s], ((it / kStages) & 1) ^ 1);
+        Element* k_dst = &ss.k[s * kBlockN * kHeadDim];
+        Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
+        mbar_expect_tx(&ss.full_k[s], kKVBytes);
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
+                      kv_start + n * kBlockN);
+        mbar_expect_tx(&ss.full_v[s], kKVBytes);
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
+                      kv_start + n * kBlockN);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  reg_alloc<kConsumerRegs>();
+  const int tid = threadIdx.x - 128;
+  TiledMmaQK mma_qk;
+  TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q), SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k), SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v), SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (mma, n, k, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (mma, d, k, stage)
+
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOrP = make_tensor<Element>(LayoutP{});
+  static_assert(size(tOrP) == size(tSrS), "P must mirror S");
+  uint32_t* p32 = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+
+  // Tile coordinates (row, col) of each accumulator value, from the same partitioning.
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  int row_in_tile[2];
+  row_in_tile[0] = get<0>(tScS(0));
+  row_in_tile[1] = get<0>(tScS(2));
+
+  const float sl2 = p.scale_log2;
+  float row_max[2] = {fi::kNegInf, fi::kNegInf};
+  float row_sum[2] = {0.f, 0.f};
+
+  // Masks columns of KV tile n that are past the request's keys or (causal) above the diagonal.
+  auto mask_tile = [&](int n) {
+    CUTE_UNROLL
+    for (int v = 0; v < size(tSrS); ++v) {
+      const int col = n * kBlockN + get<1>(tScS(v));
+      const int row = m_block * kBlockM + get<0>(tScS(v));
+      bool keep = col < kv_len;
+      if (kCausal) keep = keep && col <= row + diag;
+      if (!keep) tSrS(v) = fi::kNegInf;
+    }
+  };
+  // Only tiles that cross the sequence end or (causal) the diagonal of this query tile need masks.
+  auto needs_mask = [&](int n) {
+    const int last_col = (n + 1) * kBlockN - 1;
+    return last_col >= kv_len || (kCausal && last_col > m_block * kBlockM + diag);
+  };
+  // Online softmax on tSrS in place: new running max, P = 2^(S*scale - max*scale), rescale factor
+  // for the previous O and row sums. Row sums stay per-thread partial until the end.
+  auto softmax = [&](float (&rescale)[2]) {
+    float mx[2] = {row_max[0], row_max[1]};
+    CUTE_UNROLL
+    for (int v = 0; v < size(tSrS); ++v) mx[row_of(v)] = fmaxf(mx[row_of(v)], tSrS(v));
+    float mscaled[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = quad_max(mx[i]);
+      // A row with no visible key so far keeps max -inf; use 0 so -inf - max does not give NaN.
+      mscaled[i] = mx[i] == fi::kNegInf ? 0.f : mx[i] * sl2;
+      rescale[i] = fi::exp2_approx(row_max[i] == fi::kNegInf ? fi::kNegInf : row_max[i] * sl2 - mscaled[i]);
+      row_max[i] = mx[i];
+      row_sum[i] *= rescale[i];
+    }
+    CUTE_UNROLL
+    for (int v = 0; v < size(tSrS); ++v) {
+      const float e = fi::exp2_approx(fmaf(tSrS(v), sl2, -mscaled[row_of(v)]));
+      tSrS(v) = e;
+      row_sum[row_of(v)] += e;
+    }
+  };
+  auto convert_p = [&]() {
+    CUTE_UNROLL
+    for (int v = 0; v < size(tSrS) / 2; ++v) p32[v] = pack2(tSrS(2 * v), tSrS(2 * v + 1));
+  };
+
+  CUTE_UNROLL
+  for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+
+  mbar_wait(&ss.bar_q, 0);
+  int n = n_end - 1;
+  int it = 0;
+  {
+    mbar_wait(&ss.full_k[0], 0);
+    gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, 0), tSrS);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
+    float rescale[2];
+    softmax(rescale);
+    convert_p();
+  }
+  for (; n > 0; --n, ++it) {
+    const int s = it % kStages;
+    const int s_next = (it + 1) % kStages;
+    // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
+    mbar_wait(&ss.full_k[s_next], ((it + 1) / kStages) & 1);
+    gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+    // ... O += P(n) V(n) is queued behind it.
+    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
+    gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+    warpgroup_wait<1>();  // S(n-1) ready; P V still running
+    warpgroup_fence_operand(tSrS);
+    if (needs_mask(n - 1)) mask_tile(n - 1);
+    float rescale[2];
+    softmax(rescale);
+    warpgroup_wait<0>();  // P V done: stage s is free, P registers and O may be rewritten
+    warpgroup_fence_operand(tOrO);
+    mbar_arrive(&ss.empty[s]);
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[row_of(v)];
+    convert_p();
+  }
+  {
+    const int s = it % kStages;
+    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
+    gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    mbar_arrive(&ss.empty[s]);
+  }
+
+  // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE
+  float inv[2];
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] = quad_sum(row_sum[i]);
+    inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+  }
+  const int q_base = m_block * kBlockM;
+  Element* o_head = p.o + int64_t(head) * p.o_head;
+  CUTE_UNROLL
+  for (int v = 0; v < size(tOrO); v += 2) {
+    const int r = get<0>(tOcO(v));
+    const int c = get<1>(tOcO(v));
+    if (q_base + r < qo_len) {
+      const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
+      *reinterpret_cast<uint32_t*>(o_head + int64_t(qo_start + q_base + r) * p.o_tok + c) = packed;
+    }
+  }
+  if (p.lse != nullptr && (tid % 4) == 0) {
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int r = q_base + row_in_tile[i];
+      if (r < qo_len) {
+        const float l = row_sum[i] > 0.f ? row_max[i] * sl2 + fi::log2_approx(row_sum[i]) : fi::kNegInf;
+        p.lse[int64_t(qo_start + r) * p.num_qo_heads + head] = l;
+      }
+    }
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so the module needs no -lcuda.
+inline EncodeTiledFn encode_fn() {
+  static EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return EncodeTiledFn(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// Map over a [tokens, heads, kHeadDim] tensor (strides in elements, last dim contiguous); one box =
+// `rows` tokens x 64 columns of one head, 128B-swizzled. Out-of-range tokens read as zeros.
+inline bool encode_qkv(CUtensorMap* map, const void* ptr, int64_t tokens, int64_t heads, int64_t tok_stride,
+                       int64_t head_stride, int rows) {
+  EncodeTiledFn fn = encode_fn();
+  if (fn == nullptr) return false;
+  cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads), cuuint64_t(tokens)};
+  cuuint64_t strides[2] = {cuuint64_t(head_stride) * sizeof(Element), cuuint64_t(tok_stride) * sizeof(Element)};
+  cuuint32_t box[3] = {cuuint32_t(kBoxCols), 1u, cuuint32_t(rows)};
+  cuuint32_t estrides[3] = {1u, 1u, 1u};
+  const CUtensorMapDataType dt =
+      FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(map, dt, 3, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace fi_hopper
+
+// q [nnz_q, Hq, D], k/v [nnz_kv, Hkv, D], o [nnz_q, Hq, D] with the given token/head strides (in
+// elements; the Python runner checks 16-byte alignment of pointers and strides). lse [nnz_q, Hq]
+// fp32 contiguous or NULL. qo_indptr / kv_indptr: device int32 [batch + 1], or both NULL for a
+// single request (batch 1) of max_qo_len queries and nnz_kv keys.
+FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v, const void* qo_indptr,
+                                     const void* kv_indptr, void* o, void* lse, int64_t nnz_q, int64_t nnz_kv,
+                                     int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
+                                     int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
+                                     int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
+                                     cudaStream_t stream) {
+  using namespace fi_hopper;
+  if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
+  Params p;
+  if (!encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM) ||
+      !encode_qkv(&p.tma_k, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN) ||
+      !encode_qkv(&p.tma_v, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN))
+    return cudaErrorInvalidValue;
+  p.o = static_cast<Element*>(o);
+  p.lse = static_cast<float*>(lse);
+  p.qo_indptr = static_cast<const int*>(qo_indptr);
+  p.kv_indptr = static_cast<const int*>(kv_indptr);
+  p.o_tok = o_tok;
+  p.o_head = o_head;
+  p.num_qo_heads = int(num_qo_heads);
+  p.group_size = int(num_qo_heads / num_kv_heads);
+  p.num_m_blocks = int(fi::ceil_div<int64_t>(max_qo_len, kBlockM));
+  p.scale_log2 = sm_scale * fi::kLog2e;
+  p.single_qo_len = int(max_qo_len);
+  p.single_kv_len = int(nnz_kv);
+  if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
+
+  // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
+  static bool smem_set[64] = {false};
+  int dev = 0;
+  FI_TRY(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !smem_set[dev]) {
+    FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    if (dev >= 0 && dev < 64) smem_set[dev] = true;
+  }
+  dim3 grid(p.num_m_blocks, unsigned(num_qo_heads), unsigned(batch));
+  prefill_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  return FI_LAUNCH_STATUS();
+}

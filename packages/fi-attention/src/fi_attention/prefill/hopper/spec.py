@@ -1,0 +1,47 @@
+"""KernelSpecs of the Hopper (sm_90a) FA3-style prefill kernel: one module per
+(dtype, head_dim, causal), so each builds in its own nvcc process."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+from fi_core import Arch, Entry, KernelSpec
+from fi_core.dtypes import tag
+
+_HERE = Path(__file__).resolve().parent
+
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+
+RAGGED_ENTRY = Entry(
+    "fi_prefill_sm90_ragged",
+    ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr o lse
+     "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
+     "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
+     "i64", "i64", "f32", "stream"),                    # batch max_qo_len sm_scale stream
+)
+
+
+@functools.cache
+def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal); ``arch`` must be 9.0a."""
+    if dtype not in DTYPES:
+        raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
+    arch = Arch.parse(arch)
+    return KernelSpec(
+        name=f"prefill_sm90_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}",
+        sources=(_HERE / "prefill_sm90.cu",),
+        arch=arch,
+        defines={
+            "FI_DTYPE_BF16": "1" if dtype == torch.bfloat16 else "0",
+            "FI_HEAD_DIM": str(head_dim),
+            "FI_CAUSAL": "1" if causal else "0",
+        },
+        entries=(RAGGED_ENTRY,),
+        cutlass=True,
+        package="fi_attention",
+    )

@@ -1,0 +1,249 @@
+"""Tests of the Hopper fa3 prefill runner (fi_attention.prefill.hopper).
+
+CPU: support matrix and input validation (everything raised before a launch).
+GPU (sm_90a only): run_ragged vs attention_reference (fp32) with FA3's tolerance: the kernel's
+max error <= 2x the max error of the same math done by torch at the kernel's precision, plus the
+output dtype's rounding at |out| ~ 1. Outputs are NaN-poisoned so unwritten rows fail.
+
+Grid reduction: d=128 carries the full matrix (lengths 1/7/127/1000/4097, causal and not, GQA 4,
+LSE on); fp16, MHA, d=64/256, strided inputs and batches get one or two cases each.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fi_core import testing
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+from fi_attention.prefill import hopper
+from fi_attention.prefill.hopper import run_ragged, supports
+from fi_attention.reference import attention_reference
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+# ---------------------------------------------------------------------------- CPU: support matrix
+def _facts(**kw):
+    base = dict(head_dim_qk=128, head_dim_vo=128, dtype=BF16, kv_dtype=BF16, causal=True,
+                custom_mask=False, window_left=-1, logits_soft_cap=None, pos_encoding_mode="NONE",
+                paged=False, page_size=1)
+    base.update(kw)
+    return base
+
+
+def test_supports_main_case():
+    assert supports(**_facts()) is None
+    assert supports(**_facts(dtype=FP16, kv_dtype=FP16, causal=False, head_dim_qk=64, head_dim_vo=64)) is None
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(head_dim_qk=192, head_dim_vo=128), "head_dim"),
+    (dict(head_dim_qk=96, head_dim_vo=96), "head_dim"),
+    (dict(dtype=torch.float32, kv_dtype=torch.float32), "dtype"),
+    (dict(kv_dtype=torch.float8_e4m3fn), "k/v dtype"),
+    (dict(custom_mask=True), "mask"),
+    (dict(window_left=128), "window"),
+    (dict(logits_soft_cap=30.0), "soft_cap"),
+    (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
+    (dict(paged=True, page_size=16), "paged"),
+])
+def test_supports_gives_reason(kw, word):
+    why = supports(**_facts(**kw))
+    assert why is not None and word in why
+
+
+def test_unsupported_reason_reads_facts_dict():
+    assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16}) is None
+    assert "window" in hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "window_left": 8})
+
+
+# ---------------------------------------------------------------------------- CPU: validation
+def _cpu_inputs(dtype=BF16, lq=8, lkv=8, hq=4, hkv=2, d=128):
+    q = torch.randn(lq, hq, d).to(dtype)
+    k = torch.randn(lkv, hkv, d).to(dtype)
+    v = torch.randn(lkv, hkv, d).to(dtype)
+    return q, k, v, torch.empty_like(q)
+
+
+def _call(q, k, v, out, lse=None, **kw):
+    args = dict(causal=True, sm_scale=0.1, max_qo_len=q.shape[0], batch_size=1)
+    args.update(kw)
+    run_ragged(q, k, v, None, None, out, lse, **args)
+
+
+def test_rejects_float32():
+    q, k, v, out = _cpu_inputs(torch.float32)
+    with pytest.raises(InputTypeError, match="bfloat16 or float16"):
+        _call(q, k, v, out)
+
+
+def test_rejects_mixed_dtypes():
+    q, k, v, out = _cpu_inputs()
+    with pytest.raises(InputTypeError, match="k must be torch.bfloat16"):
+        _call(q, k.half(), v, out)
+
+
+def test_rejects_misaligned_strides():
+    q, k, v, out = _cpu_inputs()
+    big = torch.randn(8, 4, 132).to(BF16)  # token stride 528, head stride 132: not multiples of 8
+    with pytest.raises(InputError, match="multiples of 8"):
+        _call(big[:, :, :128], k, v, out)
+
+
+def test_rejects_gqa_mismatch():
+    q, k, v, out = _cpu_inputs(hq=6, hkv=4)
+    with pytest.raises(InputError, match="multiple of num_kv_heads"):
+        _call(q, k, v, out)
+
+
+def test_rejects_bad_lse():
+    q, k, v, out = _cpu_inputs()
+    with pytest.raises(InputError, match="lse must be contiguous float32"):
+        _call(q, k, v, out, lse=torch.empty(8, 4, dtype=torch.float16))
+
+
+def test_rejects_one_indptr():
+    q, k, v, out = _cpu_inputs()
+    with pytest.raises(InputError, match="both"):
+        run_ragged(q, k, v, torch.tensor([0, 8], dtype=torch.int32), None, out, None, causal=True,
+                   sm_scale=0.1, max_qo_len=8, batch_size=1)
+
+
+def test_rejects_softcap_and_window():
+    q, k, v, out = _cpu_inputs()
+    with pytest.raises(UnsupportedError):
+        _call(q, k, v, out, logits_soft_cap=30.0)
+    with pytest.raises(UnsupportedError):
+        _call(q, k, v, out, window_left=16)
+
+
+# ---------------------------------------------------------------------------- GPU
+def _torch_same_precision(q, k, v, causal, sm_scale):
+    """Attention by torch at the inputs' precision (S and P rounded to q.dtype, as the kernel's
+    P is), on the GPU: the yardstick of the FA3 tolerance."""
+    lq, hq, _ = q.shape
+    lkv, hkv, _ = k.shape
+    g = hq // hkv
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = torch.einsum("qhd,khd->hqk", q, kk).float() * sm_scale
+    if causal:
+        qpos = torch.arange(lq, device=q.device)[:, None] + (lkv - lq)
+        keep = torch.arange(lkv, device=q.device)[None, :] <= qpos
+        s = s.masked_fill(~keep[None], float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p.to(q.dtype), vv)
+
+
+def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse=True, seed=0,
+           strided=False):
+    dev = "cuda"
+    nq, nkv = sum(qo_lens), sum(kv_lens)
+    if strided:  # q/k/v as column slices of wider buffers (token/head strides != dense)
+        q = testing.randn((nq, hq, d + 64), dtype, dev, seed=seed)[:, :, :d]
+        kv = testing.randn((nkv, hkv, 2, d), dtype, dev, seed=seed + 1)
+        k, v = kv[:, :, 0], kv[:, :, 1]
+    else:
+        q = testing.randn((nq, hq, d), dtype, dev, seed=seed)
+        k = testing.randn((nkv, hkv, d), dtype, dev, seed=seed + 1)
+        v = testing.randn((nkv, hkv, d), dtype, dev, seed=seed + 2)
+    out = testing.empty_poisoned((nq, hq, d), dtype, dev)
+    lse = testing.empty_poisoned((nq, hq), torch.float32, dev) if with_lse else None
+    scale = d ** -0.5
+    qo_ind = [0]
+    kv_ind = [0]
+    for a, b in zip(qo_lens, kv_lens):
+        qo_ind.append(qo_ind[-1] + a)
+        kv_ind.append(kv_ind[-1] + b)
+    single = len(qo_lens) == 1
+    run_ragged(q, k, v,
+               None if single else torch.tensor(qo_ind, dtype=torch.int32, device=dev),
+               None if single else torch.tensor(kv_ind, dtype=torch.int32, device=dev),
+               out, lse, causal=causal, sm_scale=scale, max_qo_len=max(qo_lens),
+               batch_size=len(qo_lens))
+    torch.cuda.synchronize()
+    exact, lowp, ref_lse = [], [], []
+    for i in range(len(qo_lens)):
+        qs, ks = slice(qo_ind[i], qo_ind[i + 1]), slice(kv_ind[i], kv_ind[i + 1])
+        o32, l32 = attention_reference(q[qs].float(), k[ks].float(), v[ks].float(), causal=causal,
+                                       sm_scale=scale, return_lse=True)
+        exact.append(o32.cpu())
+        ref_lse.append(l32.cpu())
+        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale).cpu())
+    exact, lowp, ref_lse = torch.cat(exact), torch.cat(lowp), torch.cat(ref_lse)
+    rounded = exact.to(dtype)
+    atol = 2 * (rounded + 0.3 - 0.3 - rounded).abs().max().item()  # dtype rounding near |out|
+    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} {dtype} d={d} hq/hkv={hq}/{hkv}: "
+    testing.assert_close_to_reference_run(out, lowp, exact, factor=2.0, atol=atol, msg=tag)
+    if with_lse:
+        testing.assert_close(lse, ref_lse, dtype=torch.float32, atol=2e-3, rtol=1e-3, msg=tag + "lse: ")
+    return out, lse
+
+
+gpu = testing.gpu_only()
+
+
+def _needs_sm90():
+    if not testing.has_cuda() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fa3 needs an sm_90 GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("L", [1, 7, 127, 1000, 4097])
+def test_single_bf16_d128(L, causal):
+    _needs_sm90()
+    _check([L], [L], causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("lq, lkv", [(100, 1000), (129, 4097), (1, 300), (300, 200)])
+def test_qo_shorter_or_longer_than_kv(lq, lkv, causal):
+    # (300, 200) causal: the first 100 queries see no key -> out 0, lse -inf.
+    _needs_sm90()
+    _check([lq], [lkv], causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+def test_batch_ragged(causal):
+    _needs_sm90()
+    _check([1, 7, 127, 300, 1000, 129], [1, 100, 127, 400, 1000, 700], causal=causal, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp16(causal):
+    _needs_sm90()
+    _check([1000], [1000], causal=causal, dtype=FP16, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+def test_mha_no_lse_strided():
+    _needs_sm90()
+    _check([777], [777], causal=True, hq=4, hkv=4, with_lse=False, strided=True, seed=9)
+    _check([3, 500], [300, 500], causal=False, hq=8, hkv=1, strided=True, seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("causal", [True, False])
+def test_other_head_dims(d, causal):
+    _needs_sm90()
+    _check([1000], [1000], causal=causal, d=d, seed=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+def test_deterministic():
+    _needs_sm90()
+    a, la = _check([1000, 333], [1200, 333], causal=True, seed=17)
+    b, lb = _check([1000, 333], [1200, 333], causal=True, seed=17)
+    assert torch.equal(a, b) and torch.equal(la, lb)
