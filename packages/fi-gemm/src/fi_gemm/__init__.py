@@ -2,5 +2,6 @@
 and Ampere. flashinfer.gemm re-exports these."""
 
 from .version import __version__
+from .dense.api import bmm_bf16, bmm_fp8, mm_bf16
 
-__all__: list[str] = ["__version__"]
+__all__: list[str] = ["__version__", "bmm_bf16", "bmm_fp8", "mm_bf16"]

@@ -1,0 +1,410 @@
+"""Dense GEMMs: mm_bf16, bmm_bf16 (bf16/fp16) and bmm_fp8 (per-tensor scaled e4m3/e5m2).
+
+Every op lowers to one destination-passing core over 3-D strided views::
+
+    out[l, m, n] = sum_k a[l, m, k] * w[l, n, k] * scale_a * scale_b + bias[n]
+
+with K contiguous in both operands (FlashInfer's "b is [k, n] column-major" is exactly a
+row-major [n, k] weight viewed transposed). Backends, in preference order:
+
+- ``gemv``: weight-streaming tensor-core kernel for M <= 16 (decode), sm_80+ (fp8: sm_89+);
+- ``cutlass_sm90``: CUTLASS 3.x TMA warp-specialised persistent GEMM, one tile config per shape
+  class (``spec.shape_class``), sm_90a;
+- ``reference``: fp32 torch math (CPU always; on CUDA when no kernel fits, e.g. rows not
+  16-byte aligned, or an Ampere GPU at M > 16 until the sm_80 tile kernel lands).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+
+from .reference import gemm_reference
+from .spec import FP8, gemm_sm90_spec, gemv_spec, shape_class
+
+_16BIT = (torch.bfloat16, torch.float16)
+_OUT = (torch.bfloat16, torch.float16)
+# FlashInfer's backend names all mean "the best kernel we have" here.
+_ALIASES = {"auto": "auto", "cudnn": "auto", "cublas": "auto", "cutlass": "auto", "tgv": "auto"}
+
+
+def _gemv_check(f: dict) -> Optional[str]:
+    if f.get("m", 0) > 16:
+        return f"serves M <= 16 (decode shapes), got M = {f.get('m')}"
+    if not f.get("k_ok", True):
+        return "needs K-contiguous operands with 16-byte aligned rows"
+    if f.get("fp8") and f.get("arch") is not None and f["arch"].cc < (8, 9):
+        return "fp8 tensor-core MMA needs sm_89 or newer"
+    return None
+
+
+def _sm90_check(f: dict) -> Optional[str]:
+    if not f.get("k_ok", True):
+        return "TMA needs K-contiguous operands with 16-byte aligned rows (K % 8 for 16-bit, K % 16 for fp8)"
+    if not f.get("d_ok", True):
+        return "TMA needs a row-major output with 16-byte aligned rows (N % 8 == 0)"
+    return None
+
+
+def _backends(dtypes) -> tuple[Backend, ...]:
+    return (
+        Backend("gemv", min_arch="8.0", dtypes=dtypes, check=_gemv_check,
+                notes="M <= 16 weight-streaming mma.sync kernel"),
+        Backend("cutlass_sm90", archs=("9.0a",), dtypes=dtypes, check=_sm90_check,
+                notes="CUTLASS 3.x TMA warp-specialised persistent GEMM"),
+        Backend("reference", devices=("cpu", "cuda"), notes="pure torch, fp32 math"),
+    )
+
+
+def _rep_specs(a_dtype, out_dtype):
+    def specs(arch):
+        out = [gemv_spec(a_dtype, a_dtype, out_dtype, arch)] if arch.cc >= (8, 9) or a_dtype not in FP8 else []
+        if arch.cc == (9, 0):
+            out += [gemm_sm90_spec(a_dtype, a_dtype, out_dtype, c, arch) for c in ("mid", "large")]
+        return out
+    return specs
+
+
+MM_BF16 = register_op(OpInfo(
+    name="mm_bf16", family="fi-gemm", api="flashinfer.gemm.mm_bf16", backends=_backends(_16BIT),
+    specs=_rep_specs(torch.bfloat16, torch.bfloat16)))
+BMM_BF16 = register_op(OpInfo(
+    name="bmm_bf16", family="fi-gemm", api="flashinfer.gemm.bmm_bf16", backends=_backends(_16BIT),
+    specs=_rep_specs(torch.bfloat16, torch.bfloat16)))
+BMM_FP8 = register_op(OpInfo(
+    name="bmm_fp8", family="fi-gemm", api="flashinfer.gemm.bmm_fp8", backends=_backends(FP8),
+    specs=_rep_specs(torch.float8_e4m3fn, torch.bfloat16)))
+_OPS = {"mm_bf16": MM_BF16, "bmm_bf16": BMM_BF16, "bmm_fp8": BMM_FP8}
+
+
+# ---------------------------------------------------------------------------------------------
+# Destination-passing core
+# ---------------------------------------------------------------------------------------------
+def _k_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """Both operands K-contiguous with 16-byte aligned rows and batches (vector loads / TMA)."""
+    v = 16 // a.element_size()
+    k = a.shape[-1]
+    return (k % v == 0 and (a.stride(-1) == 1 or k == 1) and (w.stride(-1) == 1 or k == 1)
+            and a.stride(-2) % v == 0 and w.stride(-2) % v == 0
+            and a.stride(0) % v == 0 and w.stride(0) % v == 0
+            and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def _d_ok(out: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    v = 16 // out.element_size()
+    return (out.stride(-1) == 1 and out.stride(-2) % v == 0 and out.stride(0) % v == 0
+            and out.data_ptr() % 16 == 0 and (bias is None or bias.data_ptr() % 16 == 0))
+
+
+_CHOICE: dict = {}
+_WS_SIZE: dict = {}
+_WS: dict = {}
+
+
+def _workspace(mod, m: int, n: int, k: int, l: int, device: torch.device) -> tuple[int, int]:
+    key = (id(mod), m, n, k, l)
+    need = _WS_SIZE.get(key)
+    if need is None:
+        box = ctypes.c_int64(0)
+        mod.fi_gemm_sm90_workspace(ctypes.addressof(box), m, n, k, l)
+        need = _WS_SIZE[key] = int(box.value)
+    if need == 0:
+        return 0, 0
+    buf = _WS.get(device)
+    if buf is None or buf.numel() < need:
+        buf = _WS[device] = torch.empty(max(need, 1 << 20), dtype=torch.uint8, device=device)
+    return buf.data_ptr(), buf.numel()
+
+
+def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
+                   bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
+                   scale_b: Optional[torch.Tensor], backend: str) -> None:
+    """out [L, M, N] = a [L, M, K] @ w [L, N, K]^T (* scales + bias), into `out`."""
+    L, M, K = a.shape
+    N = w.shape[1]
+    dev = a.device
+    if dev.type != "cuda" or backend == "reference":
+        name = "reference"
+    else:
+        k_ok, d_ok = _k_ok(a, w), _d_ok(out, bias)
+        key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, k_ok, d_ok, backend)
+        name = _CHOICE.get(key)
+        if name is None:
+            name = _CHOICE[key] = _OPS[op_name].choose(
+                dev, a.dtype, requested=backend, m=M, n=N, k=K, k_ok=k_ok, d_ok=d_ok,
+                fp8=a.dtype in FP8).name
+    if M == 0 or N == 0 or L == 0:
+        return
+    if name == "reference" or K == 0:
+        out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
+        return
+    arch = arch_of(dev)
+    stream = current_stream(dev)
+    sa = scale_a.data_ptr() if scale_a is not None else None
+    sb = scale_b.data_ptr() if scale_b is not None else None
+    bp = bias.data_ptr() if bias is not None else None
+    if name == "gemv":
+        mod = load(gemv_spec(a.dtype, w.dtype, out.dtype, arch))
+        mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                    a.stride(1), w.stride(1), out.stride(1), a.stride(0), w.stride(0),
+                    out.stride(0), stream)
+    else:
+        mod = load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, shape_class(M, N, L), arch))
+        ws, ws_bytes = _workspace(mod, M, N, K, L, dev)
+        mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                         a.stride(1), w.stride(1), out.stride(1), a.stride(0), w.stride(0),
+                         out.stride(0), ws, ws_bytes, stream)
+
+
+@torch.library.custom_op("fi_gemm::gemm", mutates_args=("out",))
+def _gemm_op(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
+             bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
+             scale_b: Optional[torch.Tensor], backend: str) -> None:
+    _gemm_dispatch(op_name, out, a, w, bias, scale_a, scale_b, backend)
+
+
+@_gemm_op.register_fake
+def _(op_name, out, a, w, bias, scale_a, scale_b, backend) -> None:
+    return None
+
+
+def _run(op_name, out3, a3, w3, bias, scale_a, scale_b, backend) -> None:
+    if torch.compiler.is_compiling():
+        torch.ops.fi_gemm.gemm(op_name, out3, a3, w3, bias, scale_a, scale_b, backend)
+    else:
+        _gemm_dispatch(op_name, out3, a3, w3, bias, scale_a, scale_b, backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+def _backend_name(op_name: str, backend: str) -> str:
+    if backend in _ALIASES:
+        return _ALIASES[backend]
+    known = _OPS[op_name].backend_names()
+    if backend not in known:
+        raise UnsupportedError(f"{op_name}: unknown backend {backend!r}; choose 'auto', one of "
+                               f"{known}, or a FlashInfer name {sorted(_ALIASES)}")
+    return backend
+
+
+def _check_out(out: Optional[torch.Tensor], shape: tuple, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    checks.tensor("out", out)
+    checks.shape("out", out, shape)
+    if out.dtype != dtype:
+        raise InputTypeError(f"out must be {str(dtype).replace('torch.', '')} (out_dtype), "
+                             f"got {str(out.dtype).replace('torch.', '')}")
+    if out.device != device:
+        raise InputError(f"out must be on {device}, got {out.device}")
+    checks.last_dim_contiguous("out", out)
+    return out
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in _OUT:
+        raise InputTypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+
+
+def _weight_rows(name: str, b: torch.Tensor) -> torch.Tensor:
+    """[..., k, n] b -> [..., n, k] view with K contiguous; copies only a row-major b."""
+    wt = b.transpose(-1, -2)
+    if wt.stride(-1) != 1 and wt.shape[-1] > 1:
+        # b given row-major [k, n]: correct, but one transposed copy per call. Pass the weight
+        # as W.T of a row-major [n, k] tensor (FlashInfer's column-major layout) to avoid it.
+        wt = wt.contiguous()
+    return wt
+
+
+def _check_scale(name: str, s, device) -> torch.Tensor:
+    checks.tensor(name, s)
+    if s.dtype != torch.float32:
+        raise InputTypeError(f"{name} must be float32, got {str(s.dtype).replace('torch.', '')}")
+    if s.numel() != 1:
+        raise InputError(f"{name} must hold one per-tensor scale, got shape {tuple(s.shape)}")
+    if s.device != device:
+        raise InputError(f"{name} must be on {device} like A, got {s.device}")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            pdl: bool = False, out: Optional[torch.Tensor] = None,
+            out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
+    """Matrix multiply ``a @ b (+ bias)`` in bf16/fp16 with fp32 accumulation.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        [m, k], bfloat16 or float16, row-major (K contiguous).
+    b : torch.Tensor
+        [k, n], same dtype as ``a``, column-major: pass ``weight.T`` of a row-major [n, k]
+        weight (a row-major ``b`` works but costs one transposed copy per call).
+    bias : torch.Tensor, optional
+        [n], same dtype as ``a``; added in fp32 before the final rounding.
+    pdl : bool
+        Accepted for FlashInfer compatibility; ignored.
+    out : torch.Tensor, optional
+        [m, n] of ``out_dtype``, last dimension contiguous.
+    out_dtype : torch.dtype
+        bfloat16 (default) or float16.
+    backend : str
+        "auto" (FlashInfer names "cudnn", "cutlass", "tgv" mean the same), or one of
+        "gemv", "cutlass_sm90", "reference".
+
+    Returns
+    -------
+    torch.Tensor
+        [m, n] of ``out_dtype``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import mm_bf16
+    >>> a = torch.randn(4, 64, dtype=torch.bfloat16)
+    >>> w = torch.randn(32, 64, dtype=torch.bfloat16)
+    >>> mm_bf16(a, w.T).shape
+    torch.Size([4, 32])
+
+    See Also
+    --------
+    bmm_bf16, bmm_fp8
+    """
+    checks.tensor("a", a)
+    checks.tensor("b", b)
+    checks.dtype("a", a, _16BIT)
+    if b.dtype != a.dtype:
+        raise InputTypeError(f"b must have a's dtype {str(a.dtype).replace('torch.', '')}, "
+                             f"got {str(b.dtype).replace('torch.', '')}")
+    checks.ndim("a", a, (2,))
+    checks.ndim("b", b, (2,))
+    m, k = a.shape
+    checks.shape("b", b, (k, None), "k must match a's last dimension")
+    n = b.shape[1]
+    _check_out_dtype(out_dtype)
+    device = checks.same_device(a=a, b=b, bias=bias, out=out)
+    if bias is not None:
+        checks.dtype("bias", bias, (a.dtype,))
+        checks.shape("bias", bias, (n,))
+        bias = bias.contiguous()
+    be = _backend_name("mm_bf16", backend)
+    out = _check_out(out, (m, n), out_dtype, device)
+    a = a if a.stride(-1) == 1 or k <= 1 else a.contiguous()
+    w = _weight_rows("b", b)
+    _run("mm_bf16", out.unsqueeze(0), a.unsqueeze(0), w.unsqueeze(0), bias, None, None, be)
+    return out
+
+
+def bmm_bf16(A: torch.Tensor, B: torch.Tensor, out: Optional[torch.Tensor] = None,
+             out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
+    """Batched ``A @ B`` in bf16/fp16 with fp32 accumulation.
+
+    Parameters
+    ----------
+    A : torch.Tensor
+        [b, m, k], bfloat16 or float16, K contiguous.
+    B : torch.Tensor
+        [b, k, n], same dtype, column-major per batch (``W.transpose(-2, -1)`` of a [b, n, k] W).
+    out : torch.Tensor, optional
+        [b, m, n] of ``out_dtype``.
+    out_dtype : torch.dtype
+        bfloat16 (default) or float16.
+    backend : str
+        "auto" (or FlashInfer's "cudnn"/"cutlass"), "gemv", "cutlass_sm90", "reference".
+
+    Returns
+    -------
+    torch.Tensor
+        [b, m, n] of ``out_dtype``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import bmm_bf16
+    >>> A = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    >>> W = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    >>> bmm_bf16(A, W.transpose(-2, -1)).shape
+    torch.Size([2, 3, 16])
+    """
+    checks.tensor("A", A)
+    checks.tensor("B", B)
+    checks.dtype("A", A, _16BIT)
+    if B.dtype != A.dtype:
+        raise InputTypeError(f"B must have A's dtype {str(A.dtype).replace('torch.', '')}, "
+                             f"got {str(B.dtype).replace('torch.', '')}")
+    checks.ndim("A", A, (3,))
+    checks.ndim("B", B, (3,))
+    bs, m, k = A.shape
+    checks.shape("B", B, (bs, k, None), "batch and k must match A")
+    _check_out_dtype(out_dtype)
+    device = checks.same_device(A=A, B=B, out=out)
+    be = _backend_name("bmm_bf16", backend)
+    out = _check_out(out, (bs, m, B.shape[2]), out_dtype, device)
+    A = A if A.stride(-1) == 1 or k <= 1 else A.contiguous()
+    _run("bmm_bf16", out, A, _weight_rows("B", B), None, None, None, be)
+    return out
+
+
+def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
+            dtype: torch.dtype, out: Optional[torch.Tensor] = None,
+            backend: str = "cublas") -> torch.Tensor:
+    """Batched FP8 GEMM with per-tensor scales: ``(A @ B) * A_scale * B_scale``.
+
+    Parameters
+    ----------
+    A : torch.Tensor
+        [b, m, k], float8_e4m3fn or float8_e5m2, K contiguous.
+    B : torch.Tensor
+        [b, k, n], float8_e4m3fn or float8_e5m2, column-major per batch.
+    A_scale, B_scale : torch.Tensor
+        One-element float32 tensors on A's device (dequantisation scales).
+    dtype : torch.dtype
+        Output dtype, bfloat16 or float16.
+    out : torch.Tensor, optional
+        [b, m, n] of ``dtype``.
+    backend : str
+        FlashInfer's names ("cublas" default, "cudnn", "cutlass", "auto") all pick the best kernel;
+        "gemv", "cutlass_sm90", "reference" force one.
+
+    Returns
+    -------
+    torch.Tensor
+        [b, m, n] of ``dtype``; math in fp32, one rounding at the end.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import bmm_fp8
+    >>> A = torch.randn(1, 4, 64).to(torch.float8_e4m3fn)
+    >>> B = torch.randn(1, 32, 64).to(torch.float8_e4m3fn).transpose(-2, -1)
+    >>> one = torch.ones(1)
+    >>> bmm_fp8(A, B, one, one, torch.bfloat16).shape
+    torch.Size([1, 4, 32])
+    """
+    checks.tensor("A", A)
+    checks.tensor("B", B)
+    checks.dtype("A", A, FP8)
+    checks.dtype("B", B, FP8)
+    checks.ndim("A", A, (3,))
+    checks.ndim("B", B, (3,))
+    bs, m, k = A.shape
+    checks.shape("B", B, (bs, k, None), "batch and k must match A")
+    if dtype not in _OUT:
+        raise InputTypeError(f"dtype must be bfloat16 or float16, got {dtype}")
+    device = checks.same_device(A=A, B=B, out=out)
+    A_scale = _check_scale("A_scale", A_scale, device)
+    B_scale = _check_scale("B_scale", B_scale, device)
+    be = _backend_name("bmm_fp8", backend)
+    out = _check_out(out, (bs, m, B.shape[2]), dtype, device)
+    A = A if A.stride(-1) == 1 or k <= 1 else A.contiguous()
+    _run("bmm_fp8", out, A, _weight_rows("B", B), None, A_scale, B_scale, be)
+    return out

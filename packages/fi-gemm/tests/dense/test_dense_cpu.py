@@ -1,0 +1,136 @@
+"""CPU tests of the dense GEMMs: validation paths, the reference against a naive loop, the CPU
+backend, dispatch facts, and tracing through torch.compile."""
+
+import pytest
+import torch
+
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+from fi_gemm import bmm_bf16, bmm_fp8, mm_bf16
+from fi_gemm.dense import api
+from fi_gemm.dense.reference import gemm_reference
+
+bf16, f16, e4m3, e5m2 = torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _naive(a, w, bias=None, sa=1.0, sb=1.0):
+    m, k = a.shape
+    n = w.shape[0]
+    out = torch.zeros(m, n, dtype=torch.float64)
+    for i in range(m):
+        for j in range(n):
+            s = 0.0
+            for kk in range(k):
+                s += float(a[i, kk]) * float(w[j, kk])
+            out[i, j] = s * sa * sb + (float(bias[j]) if bias is not None else 0.0)
+    return out
+
+
+def test_reference_matches_naive_loop():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 5, generator=g).to(bf16)
+    w = torch.randn(4, 5, generator=g).to(bf16)
+    bias = torch.randn(4, generator=g).to(bf16)
+    got = gemm_reference(a, w, torch.float32, bias)
+    torch.testing.assert_close(got.double(), _naive(a, w, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_fp8_scales_match_naive_loop():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(2, 16, generator=g).to(e4m3)
+    w = torch.randn(3, 16, generator=g).to(e5m2)
+    sa, sb = torch.tensor([0.5]), torch.tensor([3.0])
+    got = gemm_reference(a, w, torch.float32, None, sa, sb)
+    torch.testing.assert_close(got.double(), _naive(a, w, None, 0.5, 3.0), atol=1e-5, rtol=1e-5)
+
+
+def test_mm_bf16_cpu_matches_reference_with_bias_and_fp16_out():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(7, 24, generator=g).to(bf16)
+    w = torch.randn(10, 24, generator=g).to(bf16)
+    bias = torch.randn(10, generator=g).to(bf16)
+    out = mm_bf16(a, w.T, bias, out_dtype=f16)
+    assert out.dtype == f16 and out.shape == (7, 10)
+    torch.testing.assert_close(out, gemm_reference(a, w, f16, bias), atol=0, rtol=0)
+
+
+def test_mm_bf16_row_major_b_gives_same_result():
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 16, generator=g).to(bf16)
+    w = torch.randn(8, 16, generator=g).to(bf16)
+    torch.testing.assert_close(mm_bf16(a, w.T.contiguous()), mm_bf16(a, w.T), atol=0, rtol=0)
+
+
+def test_mm_bf16_writes_into_out():
+    a = torch.randn(2, 8).to(bf16)
+    w = torch.randn(3, 8).to(bf16)
+    out = torch.full((2, 3), float("nan"), dtype=bf16)
+    res = mm_bf16(a, w.T, out=out)
+    assert res is out and torch.isfinite(out.float()).all()
+
+
+def test_bmm_bf16_and_fp8_cpu():
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(2, 3, 32, generator=g).to(bf16)
+    W = torch.randn(2, 5, 32, generator=g).to(bf16)
+    torch.testing.assert_close(bmm_bf16(A, W.transpose(-2, -1)), gemm_reference(A, W, bf16))
+    A8, W8 = A.to(e4m3), W.to(e4m3)
+    sa, sb = torch.tensor([0.25]), torch.tensor([2.0])
+    got = bmm_fp8(A8, W8.transpose(-2, -1), sa, sb, f16)
+    torch.testing.assert_close(got, gemm_reference(A8, W8, f16, None, sa, sb), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("call, exc, text", [
+    (lambda: mm_bf16(torch.randn(2, 8), torch.randn(8, 3)), InputTypeError, "a must be bfloat16 or float16"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(f16)), InputTypeError, "b must have a's dtype"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(7, 3).to(bf16)), InputError, "b must have shape [8, *]"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(bf16), out_dtype=torch.float32), InputTypeError, "out_dtype"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(bf16), torch.randn(4).to(bf16)), InputError, "bias must have shape [3]"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(bf16), out=torch.empty(2, 4, dtype=bf16)), InputError, "out must have shape [2, 3]"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(bf16), out=torch.empty(2, 3, dtype=f16)), InputTypeError, "out must be bfloat16"),
+    (lambda: mm_bf16(torch.randn(2, 8).to(bf16), torch.randn(8, 3).to(bf16), backend="nope"), UnsupportedError, "unknown backend"),
+    (lambda: bmm_bf16(torch.randn(2, 3, 8).to(bf16), torch.randn(3, 8, 4).to(bf16)), InputError, "B must have shape [2, 8, *]"),
+    (lambda: bmm_fp8(torch.randn(1, 2, 16).to(bf16), torch.randn(1, 16, 4).to(e4m3), torch.ones(1), torch.ones(1), bf16), InputTypeError, "A must be float8"),
+    (lambda: bmm_fp8(torch.randn(1, 2, 16).to(e4m3), torch.randn(1, 16, 4).to(e4m3), torch.ones(1, dtype=torch.float64), torch.ones(1), bf16), InputTypeError, "A_scale must be float32"),
+    (lambda: bmm_fp8(torch.randn(1, 2, 16).to(e4m3), torch.randn(1, 16, 4).to(e4m3), torch.ones(1), torch.ones(2), bf16), InputError, "B_scale must hold one"),
+    (lambda: bmm_fp8(torch.randn(1, 2, 16).to(e4m3), torch.randn(1, 16, 4).to(e4m3), torch.ones(1), torch.ones(1), torch.float32), InputTypeError, "dtype must be bfloat16"),
+])
+def test_validation_messages(call, exc, text):
+    with pytest.raises(exc) as info:
+        call()
+    assert text in str(info.value)
+
+
+def test_alignment_facts():
+    a = torch.empty(4, 64, dtype=bf16)
+    w = torch.empty(32, 64, dtype=bf16)
+    assert api._k_ok(a.unsqueeze(0), w.unsqueeze(0))
+    a2 = torch.empty(4, 60, dtype=bf16)  # 120-byte rows: not 16-byte aligned
+    w2 = torch.empty(32, 60, dtype=bf16)
+    assert not api._k_ok(a2.unsqueeze(0), w2.unsqueeze(0))
+    out = torch.empty(1, 4, 30, dtype=bf16)  # 60-byte rows
+    assert not api._d_ok(out, None)
+    assert api._d_ok(torch.empty(1, 4, 32, dtype=bf16), None)
+
+
+def test_gemv_check_reasons():
+    assert api._gemv_check({"m": 17, "k_ok": True}) is not None
+    assert api._gemv_check({"m": 16, "k_ok": False}) is not None
+    assert api._gemv_check({"m": 16, "k_ok": True}) is None
+    assert api._sm90_check({"k_ok": True, "d_ok": False}) is not None
+
+
+def test_dispatch_on_cpu_is_reference():
+    assert api.MM_BF16.choose("cpu", bf16).name == "reference"
+    assert api.BMM_FP8.choose("cpu", e4m3).name == "reference"
+
+
+def test_torch_compile_fullgraph_cpu():
+    a = torch.randn(5, 32).to(bf16)
+    w = torch.randn(16, 32).to(bf16)
+    bias = torch.randn(16).to(bf16)
+
+    def f(a, w, bias):
+        return mm_bf16(a, w.T, bias) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, w, bias), f(a, w, bias), atol=0, rtol=0)
