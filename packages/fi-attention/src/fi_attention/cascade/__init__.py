@@ -1,1 +1,6 @@
-__all__: list[str] = []
+"""Cascade attention: merging attention states (merge.py). The multi-level cascade wrapper is
+added next to it by the prefill work."""
+
+from .merge import merge_state, merge_state_in_place, merge_states
+
+__all__: list[str] = ["merge_state", "merge_state_in_place", "merge_states"]

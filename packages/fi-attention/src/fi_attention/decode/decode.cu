@@ -1,0 +1,292 @@
+// Batch decode attention over a paged KV cache (one query token per request), CUDA cores.
+//
+// Decode is HBM bound: each K/V element must be read exactly once at full bandwidth. One CTA
+// owns (work item = request x token chunk, kv head, group of GH query heads) and processes every
+// query head of its GQA group against each K/V row it loads, so a row is fetched once for all of
+// them. A warp is split into RG row groups of TX lanes; a row group reads one 8-element slice
+// per lane of a K and a V row (16-byte loads for 16-bit caches, 8-byte for fp8), U rows at a
+// time so that many loads are in flight per thread (latency x bandwidth needs ~24 KB in flight
+// per SM). Each row group keeps its own online-softmax state (base 2: log2(e) is folded into the
+// query scale, so the hot loop uses ex2.approx); the states of all row groups are merged through
+// shared memory at the end. Long requests are split into chunks by the host planner; a chunk
+// writes a partial (o, lse) to the float workspace and the merge kernel combines them.
+//
+// Compile-time: FI_Q (query/output type), FI_KV (cache type), FI_HEAD_DIM, FI_GH (query heads per
+// CTA, divides the GQA group), FI_POS (0 none, 1 ROPE_LLAMA, 2 ALIBI), FI_SOFTCAP (0/1).
+#include "fi/common.cuh"
+#include "fi/math.cuh"
+#include "fi/vec.cuh"
+
+#include "decode_args.h"
+#include "decode_common.cuh"
+
+namespace {
+
+using QT = FI_Q;
+using KVT = FI_KV;
+constexpr int D = FI_HEAD_DIM;
+constexpr int GH = FI_GH;
+constexpr int POS = FI_POS;
+constexpr bool SOFTCAP = FI_SOFTCAP != 0;
+
+constexpr int VEC = 8;            // elements per lane per row
+constexpr int TX = D / VEC;       // lanes per row: 8, 16, 32 for D = 64, 128, 256
+constexpr int RG = 32 / TX;       // row groups per warp
+constexpr int NW = 4;             // warps per CTA
+constexpr int ROWS = NW * RG;     // independent softmax states per CTA
+// Rows per row group per step: enough loads in flight, registers bounded by GH x 8 q/o values.
+constexpr int U = GH <= 2 ? 8 : (GH <= 4 ? 4 : 2);
+constexpr int TILE = ROWS * U;
+static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128 or 256");
+static_assert(GH >= 1 && GH <= 8, "1..8 query heads per CTA");
+
+using Raw = typename fi_attn::RawVec<KVT>::type;
+
+struct Params {
+  const QT* q; int64_t q_sb, q_sh;
+  const KVT* k; int64_t k_sp, k_st, k_sh;
+  const KVT* v; int64_t v_sp, v_st, v_sh;
+  const int* indptr; const int* indices; const int* last_len;
+  const int* work; const int* num_work;
+  QT* out; int64_t o_sb, o_sh; float* lse;
+  float* part_o; float* part_lse;
+  int hq, group, nsub, page_size, page_shift, window_left;
+  float q_mul;       // sm_scale * k_scale * (softcap ? 1/cap : log2 e)
+  float cap_mul;     // cap * log2 e
+  float v_scale;
+  float rope_rcp_scale, rope_log2_theta;
+};
+
+// Angle of rotary pair `i` (0 <= i < D/2) at position `pos`: pos / (scale * theta^(2i/D)).
+__device__ __forceinline__ float rope_angle(const Params& p, int i, int pos) {
+  const float inv_freq = p.rope_rcp_scale * exp2f(-p.rope_log2_theta * (2.0f * i / D));
+  return float(pos) * inv_freq;
+}
+
+__global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
+  const int item = blockIdx.x;
+  if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
+  const int kvh = blockIdx.y / p.nsub;
+  const int qh0 = kvh * p.group + (blockIdx.y % p.nsub) * GH;
+  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
+  const int req = w.x, part = w.w;
+
+  const int page_lo = p.indptr[req];
+  const int npages = p.indptr[req + 1] - page_lo;
+  const int kv_len = npages > 0 ? (npages - 1) * p.page_size + p.last_len[req] : 0;
+  const int qpos = kv_len - 1;
+  int lo = w.y;
+  if (p.window_left >= 0) lo = max(lo, qpos - p.window_left);
+  const int hi = min(w.z, kv_len);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tx = lane % TX, gr = warp * RG + lane / TX;
+  const int d0 = tx * VEC;
+
+  // Query slice of every head of the group, pre-scaled (and rotated at position kv_len - 1).
+  float q[GH][VEC];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    const QT* qp = p.q + req * p.q_sb + (qh0 + g) * p.q_sh;
+    fi::vec_t<QT, VEC> qv;
+    qv.load(qp + d0);
+    qv.to_float(q[g]);
+    if constexpr (POS == 1) {
+      fi::vec_t<QT, VEC> pv;
+      const int pd = (d0 + D / 2) % D;  // partner slice of the rotate-half pairing
+      pv.load(qp + pd);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        float s, c;
+        sincosf(rope_angle(p, (d0 + i) % (D / 2), qpos), &s, &c);
+        const float partner = fi::to_float(pv[i]);
+        q[g][i] = d0 < D / 2 ? q[g][i] * c - partner * s : q[g][i] * c + partner * s;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) q[g][i] *= p.q_mul;
+  }
+  float alibi[GH];
+  if constexpr (POS == 2) {
+#pragma unroll
+    for (int g = 0; g < GH; ++g) alibi[g] = fi_attn::alibi_slope(qh0 + g, p.hq) * fi::kLog2e;
+  }
+
+  float m[GH], l[GH], o[GH][VEC];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    m[g] = fi::kNegInf;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o[g][i] = 0.f;
+  }
+
+  const KVT* kbase = p.k + kvh * p.k_sh + d0;
+  const KVT* vbase = p.v + kvh * p.v_sh + d0;
+  for (int base = lo; base < hi; base += TILE) {
+    const int t0 = base + gr * U;
+    Raw kr[U], vr[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int t = t0 + u;
+      if (t < hi) {
+        int page, off;
+        if (p.page_shift >= 0) { page = t >> p.page_shift; off = t & (p.page_size - 1); }
+        else { page = t / p.page_size; off = t - page * p.page_size; }
+        const int64_t pid = p.indices[page_lo + page];
+        kr[u] = fi_attn::ldg_stream<Raw>(kbase + pid * p.k_sp + off * p.k_st);
+        vr[u] = fi_attn::ldg_stream<Raw>(vbase + pid * p.v_sp + off * p.v_st);
+      } else {
+        kr[u] = Raw{};  // zero: a masked row must not inject NaN through 0 * garbage
+        vr[u] = Raw{};
+      }
+    }
+    float s[GH][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kf[VEC];
+      fi_attn::convert<KVT>(kr[u], kf);
+      if constexpr (POS == 1) {
+        const int t = t0 + u;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          // the partner element sits in the lane TX/2 away, in the same row group
+          const float partner = __shfl_xor_sync(fi::kFullMask, kf[i], TX / 2);
+          float sn, c;
+          sincosf(rope_angle(p, (d0 + i) % (D / 2), t), &sn, &c);
+          kf[i] = d0 < D / 2 ? kf[i] * c - partner * sn : kf[i] * c + partner * sn;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GH; ++g) {
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc = fmaf(q[g][i], kf[i], acc);
+        s[g][u] = acc;
+      }
+    }
+    // Sum the dot products over the TX lanes of each row group (xor keeps every lane a copy).
+#pragma unroll
+    for (int off = TX / 2; off > 0; off >>= 1) {
+#pragma unroll
+      for (int g = 0; g < GH; ++g)
+#pragma unroll
+        for (int u = 0; u < U; ++u) s[g][u] += __shfl_xor_sync(fi::kFullMask, s[g][u], off);
+    }
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float x = s[g][u];
+        if constexpr (SOFTCAP) x = p.cap_mul * fi::tanh_approx(x);
+        if constexpr (POS == 2) x += alibi[g] * float(t0 + u - qpos);
+        x = (t0 + u < hi) ? x : fi::kNegInf;
+        s[g][u] = x;
+        mx = fmaxf(mx, x);
+      }
+      if (mx == fi::kNegInf) continue;  // nothing visible yet for this row group
+      const float corr = fi::exp2_approx(m[g] - mx);  // m = -inf gives 0: fine, o and l are 0
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float pw = fi::exp2_approx(s[g][u] - mx);
+        l[g] += pw;
+        float vf[VEC];
+        fi_attn::convert<KVT>(vr[u], vf);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) o[g][i] = fmaf(pw, vf[i], o[g][i]);
+      }
+    }
+  }
+
+  // Merge the ROWS softmax states of the CTA through shared memory.
+  __shared__ float sm_o[ROWS][GH][D];
+  __shared__ float sm_m[ROWS][GH], sm_l[ROWS][GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4)
+      *reinterpret_cast<float4*>(&sm_o[gr][g][d0 + i]) = make_float4(o[g][i], o[g][i + 1], o[g][i + 2], o[g][i + 3]);
+    if (tx == 0) { sm_m[gr][g] = m[g]; sm_l[gr][g] = l[g]; }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < GH * D; e += NW * 32) {
+    const int g = e / D, d = e % D;
+    float mx = fi::kNegInf;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) mx = fmaxf(mx, sm_m[r][g]);
+    float lsum = 0.f, acc = 0.f;
+    if (mx != fi::kNegInf) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const float w8 = fi::exp2_approx(sm_m[r][g] - mx);
+        lsum += sm_l[r][g] * w8;
+        acc += sm_o[r][g][d] * w8;
+      }
+    }
+    const float val = lsum > 0.f ? acc * p.v_scale / lsum : 0.f;
+    const float lse = lsum > 0.f ? mx + __log2f(lsum) : fi::kNegInf;
+    const int h = qh0 + g;
+    if (part < 0) {
+      p.out[req * p.o_sb + h * p.o_sh + d] = fi::from_float<QT>(val);
+      if (p.lse != nullptr && d == 0) p.lse[int64_t(req) * p.hq + h] = lse;
+    } else {
+      p.part_o[(int64_t(part) * p.hq + h) * D + d] = val;
+      if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
+    }
+  }
+}
+
+}  // namespace
+
+FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
+  Params p;
+  p.q = reinterpret_cast<const QT*>(a->q); p.q_sb = a->q_stride_b; p.q_sh = a->q_stride_h;
+  p.k = reinterpret_cast<const KVT*>(a->k);
+  p.k_sp = a->k_stride_page; p.k_st = a->k_stride_tok; p.k_sh = a->k_stride_head;
+  p.v = reinterpret_cast<const KVT*>(a->v);
+  p.v_sp = a->v_stride_page; p.v_st = a->v_stride_tok; p.v_sh = a->v_stride_head;
+  p.indptr = reinterpret_cast<const int*>(a->kv_indptr);
+  p.indices = reinterpret_cast<const int*>(a->kv_indices);
+  p.last_len = reinterpret_cast<const int*>(a->kv_last_page_len);
+  p.work = reinterpret_cast<const int*>(a->work);
+  p.num_work = reinterpret_cast<const int*>(a->num_work);
+  p.out = reinterpret_cast<QT*>(a->out); p.o_sb = a->o_stride_b; p.o_sh = a->o_stride_h;
+  p.lse = reinterpret_cast<float*>(a->lse);
+  p.part_o = reinterpret_cast<float*>(a->part_o);
+  p.part_lse = reinterpret_cast<float*>(a->part_lse);
+  p.hq = int(a->num_qo_heads);
+  p.group = int(a->num_qo_heads / a->num_kv_heads);
+  p.nsub = p.group / GH;
+  p.page_size = int(a->page_size);
+  p.page_shift = int(a->page_shift);
+  p.window_left = int(a->window_left);
+  const double log2e = 1.4426950408889634;
+  const double scale = a->sm_scale * a->k_scale;
+  p.q_mul = float(SOFTCAP ? scale / a->logits_soft_cap : scale * log2e);
+  p.cap_mul = float(a->logits_soft_cap * log2e);
+  p.v_scale = float(a->v_scale);
+  p.rope_rcp_scale = float(1.0 / a->rope_scale);
+  p.rope_log2_theta = float(log2(a->rope_theta));
+  if (a->grid_items > 0) {
+    dim3 grid(unsigned(a->grid_items), unsigned(a->num_kv_heads * p.nsub));
+    decode_kernel<<<grid, NW * 32, 0, stream>>>(p);
+    FI_TRY(cudaGetLastError());
+  }
+  if (a->merge_batch > 0) {
+    const cudaError_t err = fi_attn::launch_merge_partials<QT, D>(
+        p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch),
+        p.hq, p.out, p.o_sb, p.o_sh, p.lse, stream);
+    FI_TRY(err);
+  }
+  return FI_LAUNCH_STATUS();
+}
+
+// Resident CTAs per SM of the decode kernel: the planner sizes split-KV chunks with it.
+FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
+  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_kernel, NW * 32, 0));
+}

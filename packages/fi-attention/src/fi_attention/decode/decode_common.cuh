@@ -1,0 +1,129 @@
+// Pieces of the decode kernels that are not specific to one tile shape: raw K/V row loads and
+// their conversion to float, ALiBi slopes, and the kernel that merges split-KV partial states.
+#pragma once
+#include <cuda_fp8.h>
+
+#include "fi/common.cuh"
+#include "fi/math.cuh"
+#include "fi/reduce.cuh"
+#include "fi/vec.cuh"
+
+namespace fi_attn {
+
+// Eight cache elements as one register word group: 16 bytes for 16-bit types, 8 for fp8.
+template <typename T> struct RawVec { using type = uint4; };
+template <> struct RawVec<__nv_fp8_e4m3> { using type = uint2; };
+template <> struct RawVec<__nv_fp8_e5m2> { using type = uint2; };
+
+// KV rows are read exactly once: bypass L1 allocation (ld.global.nc.L1::no_allocate).
+template <typename R>
+__device__ __forceinline__ R ldg_stream(const void* ptr);
+template <>
+__device__ __forceinline__ uint4 ldg_stream<uint4>(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr));
+  return r;
+}
+template <>
+__device__ __forceinline__ uint2 ldg_stream<uint2>(const void* ptr) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(r.x), "=r"(r.y) : "l"(ptr));
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ void convert(const typename RawVec<T>::type& r, float (&f)[8]);
+
+template <>
+__device__ __forceinline__ void convert<__nv_bfloat16>(const uint4& r, float (&f)[8]) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // bf16 -> f32 is a 16-bit shift: no conversion instruction
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void convert<__half>(const uint4& r, float (&f)[8]) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void convert_fp8(const uint2& r, float (&f)[8]) {
+  const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // fp8x2 -> half2 in one cvt, then half2 -> float2
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * j)), KIND);
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      f[4 * i + 2 * j] = v.x;
+      f[4 * i + 2 * j + 1] = v.y;
+    }
+  }
+}
+template <>
+__device__ __forceinline__ void convert<__nv_fp8_e4m3>(const uint2& r, float (&f)[8]) { convert_fp8<__NV_E4M3>(r, f); }
+template <>
+__device__ __forceinline__ void convert<__nv_fp8_e5m2>(const uint2& r, float (&f)[8]) { convert_fp8<__NV_E5M2>(r, f); }
+
+// ALiBi slope of head h of H (FlashInfer / the ALiBi paper): with n = 2^floor(log2 H), heads
+// below n get 2^(-8 (h + 1) / n), the others 2^(-4 (2 (h - n) + 1) / n).
+__device__ __forceinline__ float alibi_slope(int h, int num_heads) {
+  int n = 1;
+  while (n * 2 <= num_heads) n *= 2;
+  return h < n ? exp2f(-8.0f * (h + 1) / n) : exp2f(-4.0f * (2 * (h - n) + 1) / n);
+}
+
+// One warp per (request, head): combines the request's partial states (base-2 LSE) into out.
+// Requests whose slot range is empty were written directly by the decode kernel.
+template <typename OT, int D>
+__global__ void __launch_bounds__(128) merge_partials_kernel(
+    const float* __restrict__ part_o, const float* __restrict__ part_lse,
+    const int* __restrict__ indptr, int hq, OT* out, int64_t o_sb, int64_t o_sh, float* lse) {
+  constexpr int E = D / 32;
+  const int b = blockIdx.x;
+  const int h = blockIdx.y * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (h >= hq) return;
+  const int lo = indptr[b], n = indptr[b + 1] - lo;
+  if (n <= 0) return;
+  float mx = fi::kNegInf;
+  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, part_lse[int64_t(lo + s) * hq + h]);
+  mx = fi::warp_max(mx);
+  float acc[E], sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  if (mx != fi::kNegInf) {
+    for (int s = 0; s < n; ++s) {
+      const int64_t slot = int64_t(lo + s) * hq + h;
+      const float w = fi::exp2_approx(part_lse[slot] - mx);
+      sum += w;
+      const float* src = part_o + slot * D + lane * E;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(w, src[e], acc[e]);
+    }
+  }
+  OT* dst = out + b * o_sb + h * o_sh + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dst[e] = fi::from_float<OT>(sum > 0.f ? acc[e] / sum : 0.f);
+  if (lse != nullptr && lane == 0) lse[int64_t(b) * hq + h] = sum > 0.f ? mx + __log2f(sum) : fi::kNegInf;
+}
+
+template <typename OT, int D>
+inline cudaError_t launch_merge_partials(const float* part_o, const float* part_lse, const int* indptr,
+                                         int batch, int hq, OT* out, int64_t o_sb, int64_t o_sh,
+                                         float* lse, cudaStream_t stream) {
+  dim3 grid(unsigned(batch), unsigned((hq + 3) / 4));
+  merge_partials_kernel<OT, D><<<grid, 128, 0, stream>>>(part_o, part_lse, indptr, hq, out, o_sb, o_sh, lse);
+  return cudaGetLastError();
+}
+
+}  // namespace fi_attn

@@ -1,0 +1,148 @@
+"""single_decode_with_kv_cache: one query token against a contiguous K/V, on the batch kernel.
+
+The contiguous ``[L, H, D]`` K/V is presented to the paged kernel as a single page whose size is
+the next power of two >= L (the page arithmetic becomes shifts and never leaves page 0); the
+split-KV plan for L is cached per device, so repeated calls upload no metadata.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional
+
+import torch
+
+from fi_core import arch_of, device_info, load
+from fi_core.errors import InputError, InputTypeError
+from fi_core.launch import current_stream
+
+from ..kv import check_kv_layout
+from ..reference import attention_reference
+from . import common
+from .batch import _ctas_per_sm
+from .launch import DecodeArgs
+from .planner import plan_decode
+from .spec import decode_spec, heads_per_cta
+
+
+@functools.lru_cache(maxsize=256)
+def _single_meta(device: torch.device, kv_len: int, kv_units: int, sm: int, ctas: int):
+    """Device int32 metadata for one request of kv_len tokens: work | num_work | merge_indptr |
+    indptr | indices | last_page_len, plus (num_items, num_slots, split, offsets)."""
+    plan = plan_decode(torch.tensor([kv_len]).numpy(), kv_units=kv_units, sm_count=sm, ctas_per_sm=ctas)
+    n = plan.num_items
+    host = plan.work.reshape(-1).tolist() + [n, 0, 0, 0] + plan.merge_indptr.tolist() + [0, 1, 0, kv_len]
+    t = torch.tensor(host, dtype=torch.int32, device=device)
+    off_merge = n * 4 + 4
+    return t, plan, off_merge, off_merge + 2
+
+
+def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
+                                use_tensor_cores: bool = False, q_scale: Optional[float] = None,
+                                k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                                window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                                sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                                rope_theta: Optional[float] = None, return_lse: bool = False):
+    """Decode attention of one request.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[num_qo_heads, head_dim]``, float16 or bfloat16.
+    k, v : torch.Tensor
+        ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND);
+        float16, bfloat16, float8_e4m3fn or float8_e5m2.
+    pos_encoding_mode : str
+        ``"NONE"``, ``"ROPE_LLAMA"`` (q at position kv_len - 1, key j at j) or ``"ALIBI"``.
+    q_scale, k_scale, v_scale : float, optional
+        q_scale and k_scale multiply the softmax scale, v_scale the output.
+    window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+        As in shared/API.md (sm_scale defaults to 1/sqrt(head_dim)).
+    return_lse : bool
+        Also return the base-2 log-sum-exp ``[num_qo_heads]`` float32.
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``o [num_qo_heads, head_dim]`` in q's dtype (and ``lse``).
+
+    Examples
+    --------
+    >>> q = torch.randn(32, 128, dtype=torch.bfloat16, device="cuda")        # doctest: +SKIP
+    >>> k = torch.randn(4096, 8, 128, dtype=torch.bfloat16, device="cuda")   # doctest: +SKIP
+    >>> o = single_decode_with_kv_cache(q, k, k)                               # doctest: +SKIP
+    """
+    check_kv_layout(kv_layout)
+    common.pos_mode(pos_encoding_mode)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype not in common.Q_DTYPES:
+        raise InputTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if k.dtype not in common.KV_DTYPES or v.dtype != k.dtype:
+        raise InputTypeError(f"k and v must share a dtype among float16, bfloat16, float8_e4m3fn, "
+                             f"float8_e5m2, got {k.dtype} and {v.dtype}")
+    if q.dim() != 2 or k.dim() != 3 or v.shape != k.shape:
+        raise InputError(f"expected q [Hq, D] and k, v [L, Hkv, D] ({kv_layout}) of equal shapes, got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if kv_layout == "NHD":
+        kv_len, hkv, d = k.shape
+    else:
+        hkv, kv_len, d = k.shape
+    hq = q.shape[0]
+    group = common.heads(hq, hkv)
+    if q.shape[1] != d:
+        raise InputError(f"q head_dim ({q.shape[1]}) must equal k's head_dim ({d})")
+    if kv_len < 1:
+        raise InputError(f"kv_len must be >= 1, got {kv_len}")
+    scale = common.softmax_scale(sm_scale, d) * common.scale_value("q_scale", q_scale)
+    ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
+    cap = common.soft_cap(logits_soft_cap)
+    rs = 1.0 if rope_scale is None else float(rope_scale)
+    rt = 1e4 if rope_theta is None else float(rope_theta)
+    wl = -1 if window_left is None else int(window_left)
+    backend = common.SINGLE_DECODE.choose(q.device, q.dtype, head_dim=d, kv_dtype=k.dtype).name
+    if backend != "cuda":
+        kn, vn = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+        o, lse = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
+                                     window_left=wl, pos_encoding_mode=pos_encoding_mode,
+                                     rope_scale=rs, rope_theta=rt, k_scale=ks, v_scale=vs,
+                                     return_lse=True)
+        return (o[0], lse[0]) if return_lse else o[0]
+
+    for name, t in (("k", k), ("v", v)):
+        es = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * es) % 16 or (t.stride(1) * es) % 16:
+            raise InputError(f"{name} rows must be contiguous and 16-byte aligned, got strides {t.stride()}")
+    if q.stride(-1) != 1 or q.data_ptr() % 16 or q.stride(0) % 8:
+        raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {q.stride()}")
+    gh = heads_per_cta(group)
+    mod = load(decode_spec(q.dtype, k.dtype, d, gh, pos_encoding_mode, cap > 0, arch_of(q.device)))
+    sm = device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).sm_count
+    meta, plan, off_merge, off_tab = _single_meta(q.device, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(hq, dtype=torch.float32, device=q.device) if return_lse else None
+    part = torch.empty(max(plan.num_slots, 1) * hq * (d + 1), dtype=torch.float32, device=q.device)
+    tok_dim, head_dim_ = (0, 1) if kv_layout == "NHD" else (1, 0)
+    a = DecodeArgs()
+    a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), 0, q.stride(0)
+    a.k, a.k_stride_page, a.k_stride_tok, a.k_stride_head = k.data_ptr(), 0, k.stride(tok_dim), k.stride(head_dim_)
+    a.v, a.v_stride_page, a.v_stride_tok, a.v_stride_head = v.data_ptr(), 0, v.stride(tok_dim), v.stride(head_dim_)
+    base = meta.data_ptr()
+    a.work, a.num_work, a.merge_indptr = base, base + plan.num_items * 16, base + off_merge * 4
+    a.kv_indptr, a.kv_indices, a.kv_last_page_len = base + off_tab * 4, base + (off_tab + 2) * 4, base + (off_tab + 3) * 4
+    a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), 0, out.stride(0)
+    a.lse = 0 if lse is None else lse.data_ptr()
+    a.part_o = part.data_ptr()
+    a.part_lse = a.part_o + plan.num_slots * hq * d * 4
+    a.num_qo_heads, a.num_kv_heads = hq, hkv
+    page = 1 << (kv_len - 1).bit_length()
+    a.page_size, a.page_shift = page, page.bit_length() - 1
+    a.window_left = wl
+    a.grid_items, a.merge_batch = plan.num_items, (1 if plan.split else 0)
+    a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
+    a.rope_scale, a.rope_theta = rs, rt
+    mod.fi_batch_decode(ctypes.addressof(a), current_stream(q.device))
+    return (out, lse) if return_lse else out

@@ -1,0 +1,189 @@
+"""Page management: append_paged_kv_cache, get_batch_indices_positions, get_seq_lens."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, knobs, load, register_op
+from fi_core.dtypes import cuda_type, tag
+from fi_core.errors import InputError, InputTypeError
+from fi_core.launch import current_stream
+
+from ..kv import KV_DTYPES, unpack_paged_kv_cache
+from ..reference import paged_kv_halves
+
+_HERE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def append_spec(dtype: torch.dtype, arch: Arch) -> KernelSpec:
+    return KernelSpec(
+        name=f"append_paged_kv_{tag(dtype)}", sources=(_HERE / "append.cu",), arch=arch,
+        defines={"FI_T": cuda_type(dtype)},
+        entries=(Entry("fi_append_paged_kv_cache",
+                       ("ptr", "i64", "i64", "ptr", "i64", "i64", "ptr", "ptr", "ptr", "i64", "i64",
+                        "i64", "ptr", "i64", "i64", "i64", "ptr", "ptr", "i64", "i64", "i64", "i64",
+                        "stream")),),
+        package="fi_attention")
+
+
+APPEND = register_op(OpInfo(
+    name="append_paged_kv_cache", family="fi-attention", api="flashinfer.page.append_paged_kv_cache",
+    backends=(Backend("cuda", min_arch="8.0", dtypes=KV_DTYPES),
+              Backend("reference", devices=("cpu", "cuda"), notes="pure torch")),
+    specs=lambda arch: [append_spec(torch.bfloat16, arch)],
+))
+
+
+def _i32(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise InputTypeError(f"{name} must be int32, got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != 1:
+        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Token count of each request: ``max(pages - 1, 0) * page_size + last_page_len``.
+
+    Parameters
+    ----------
+    kv_indptr : torch.Tensor
+        int32 ``[batch + 1]``.
+    kv_last_page_len : torch.Tensor
+        int32 ``[batch]``.
+    page_size : int
+
+    Returns
+    -------
+    torch.Tensor
+        int32 ``[batch]``, on the inputs' device.
+
+    Examples
+    --------
+    >>> get_seq_lens(torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([5, 1], dtype=torch.int32), 16)
+    tensor([21,  1], dtype=torch.int32)
+    """
+    _i32("kv_indptr", kv_indptr)
+    _i32("kv_last_page_len", kv_last_page_len)
+    if kv_indptr.numel() != kv_last_page_len.numel() + 1:
+        raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
+                         f"entries, got {kv_indptr.numel()}")
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    return (torch.clamp(pages - 1, min=0) * page_size + kv_last_page_len).to(torch.int32)
+
+
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
+    """Request index and position of every appended token, without a device synchronisation.
+
+    Token ``j`` of request ``b``'s append (``append_indptr[b] <= j < append_indptr[b+1]``) sits at
+    position ``seq_lens[b] - append_len_b + (j - append_indptr[b])``; ``seq_lens`` are the lengths
+    after the append.
+
+    Parameters
+    ----------
+    append_indptr : torch.Tensor
+        int32 ``[batch + 1]``.
+    seq_lens : torch.Tensor
+        int32 ``[batch]``.
+    nnz : int
+        ``append_indptr[-1]``, given so that no device value has to be read.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        ``batch_indices`` and ``positions``, int32 ``[nnz]``.
+
+    Examples
+    --------
+    >>> b, p = get_batch_indices_positions(torch.tensor([0, 2, 3], dtype=torch.int32),
+    ...                                    torch.tensor([5, 9], dtype=torch.int32), 3)
+    >>> b.tolist(), p.tolist()
+    ([0, 0, 1], [3, 4, 8])
+    """
+    _i32("append_indptr", append_indptr)
+    _i32("seq_lens", seq_lens)
+    if append_indptr.numel() != seq_lens.numel() + 1:
+        raise InputError(f"append_indptr must have len(seq_lens) + 1 = {seq_lens.numel() + 1} "
+                         f"entries, got {append_indptr.numel()}")
+    counts = (append_indptr[1:] - append_indptr[:-1]).long()
+    batch = torch.arange(seq_lens.numel(), device=seq_lens.device)
+    bi = torch.repeat_interleave(batch, counts, output_size=nnz)
+    start = (seq_lens.long() - counts)[bi]
+    pos = torch.arange(nnz, device=seq_lens.device) - append_indptr.long()[bi] + start
+    return bi.to(torch.int32), pos.to(torch.int32)
+
+
+def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
+                          batch_indices: torch.Tensor, positions: torch.Tensor, paged_kv_cache,
+                          kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
+                          kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
+    """Write appended keys/values into a paged KV cache in place.
+
+    Parameters
+    ----------
+    append_key, append_value : torch.Tensor
+        ``[nnz, num_kv_heads, head_dim]`` in the cache's dtype, contiguous head_dim.
+    batch_indices, positions : torch.Tensor
+        int32 ``[nnz]`` (see :func:`get_batch_indices_positions`).
+    paged_kv_cache : torch.Tensor or tuple
+        See shared/API.md (tensor or ``(k, v)``, NHD or HND).
+    kv_indices, kv_indptr, kv_last_page_len : torch.Tensor
+        int32 page table *after* the append (the pages must already be allocated).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    """
+    kv = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
+    for name, t in (("batch_indices", batch_indices), ("positions", positions), ("kv_indices", kv_indices),
+                    ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
+        _i32(name, t)
+    for name, t in (("append_key", append_key), ("append_value", append_value)):
+        if not isinstance(t, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != kv.dtype:
+            raise InputTypeError(f"{name} must have the cache's dtype {kv.dtype}, got {t.dtype}")
+        if t.dim() != 3 or t.shape[1:] != (kv.num_kv_heads, kv.head_dim):
+            raise InputError(f"{name} must be [nnz, {kv.num_kv_heads}, {kv.head_dim}], got {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise InputError(f"{name} must be contiguous in head_dim, got strides {t.stride()}")
+    nnz = append_key.shape[0]
+    if append_value.shape[0] != nnz or batch_indices.numel() != nnz or positions.numel() != nnz:
+        raise InputError(f"append_key, append_value, batch_indices and positions must have nnz rows, got "
+                         f"{nnz}, {append_value.shape[0]}, {batch_indices.numel()}, {positions.numel()}")
+    if knobs.check_inputs() and nnz:
+        pages = kv_indices[kv_indptr[:-1].long()[batch_indices.long()] + positions.long() // kv.page_size]
+        if int(pages.min()) < 0 or int(pages.max()) >= kv.num_pages:
+            raise InputError(f"page indices of appended tokens must be in [0, {kv.num_pages}), got "
+                             f"[{int(pages.min())}, {int(pages.max())}]")
+    if kv.device.type != "cuda" or APPEND.choose(kv.device, kv.dtype).name != "cuda":
+        _append_reference(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                          kv_indices, kv_indptr, kv_layout)
+        return
+    for name, t in (("append_key", append_key), ("append_value", append_value)):
+        es = t.element_size()
+        if t.data_ptr() % 16 or (t.stride(0) * es) % 16 or (t.stride(1) * es) % 16 or (kv.head_dim * es) % 16:
+            raise InputError(f"{name} rows must be 16-byte aligned for vector copies, got strides {t.stride()}")
+    mod = load(append_spec(kv.dtype, arch_of(kv.device)))
+    mod.fi_append_paged_kv_cache(
+        append_key.data_ptr(), append_key.stride(0), append_key.stride(1),
+        append_value.data_ptr(), append_value.stride(0), append_value.stride(1),
+        batch_indices.data_ptr(), positions.data_ptr(),
+        kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides,
+        kv_indices.data_ptr(), kv_indptr.data_ptr(), nnz, kv.page_size, kv.num_kv_heads,
+        kv.head_dim, current_stream(kv.device))
+
+
+def _append_reference(key, value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
+                      kv_layout):
+    k, v = paged_kv_halves(paged_kv_cache, kv_layout)  # [P, ps, H, D] views into the cache
+    ps = k.shape[1]
+    b = batch_indices.long()
+    pos = positions.long()
+    page = kv_indices.long()[kv_indptr.long()[b] + pos // ps]
+    k[page, pos % ps] = key
+    v[page, pos % ps] = value
