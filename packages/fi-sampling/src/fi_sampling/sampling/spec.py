@@ -1,0 +1,41 @@
+"""Kernel specs of the sampling ops: one module for sampling, one for thresholds and softmax."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from fi_core import Arch, Entry, KernelSpec
+
+_HERE = Path(__file__).resolve().parent
+
+SAMPLING_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i32", "ptr", "i32", "ptr",
+                 "f32", "ptr", "u64", "i64", "ptr", "u64", "i64", "stream")
+THRESHOLD_ARGS = ("ptr", "ptr", "i64", "i64", "i64", "i64", "i32", "ptr", "i32", "ptr", "f32",
+                  "stream")
+SOFTMAX_ARGS = ("ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "f32", "stream")
+
+
+@functools.cache
+def sampling_spec(arch: Arch) -> KernelSpec:
+    """fi_sampling_filtered: plain / top-k / top-p / min-p / joint sampling from float32 probs."""
+    return KernelSpec(
+        name="sampling_filtered",
+        sources=(_HERE / "sampling.cu",),
+        arch=arch,
+        entries=(Entry("fi_sampling_filtered", SAMPLING_ARGS),),
+        package="fi_sampling",
+    )
+
+
+@functools.cache
+def threshold_spec(arch: Arch) -> KernelSpec:
+    """fi_sampling_threshold (renorm / mask) and fi_sampling_softmax on float32 rows."""
+    return KernelSpec(
+        name="sampling_threshold",
+        sources=(_HERE / "renorm.cu",),
+        arch=arch,
+        entries=(Entry("fi_sampling_threshold", THRESHOLD_ARGS),
+                 Entry("fi_sampling_softmax", SOFTMAX_ARGS)),
+        package="fi_sampling",
+    )
