@@ -53,7 +53,7 @@ def _host_int(t: Optional[torch.Tensor], default: int) -> int:
 
 # ---- filtered sampling ------------------------------------------------------------------------
 def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Optional[torch.Tensor],
-                           mode: int, k_arr: Optional[torch.Tensor], k: int,
+                           variant: int, k_arr: Optional[torch.Tensor], k: int,
                            thr_arr: Optional[torch.Tensor], thr: float,
                            seed_arr: Optional[torch.Tensor], seed: int,
                            off_arr: Optional[torch.Tensor], off: int, backend: str) -> None:
@@ -63,10 +63,10 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
         os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
         mod.fi_sampling_filtered(
             out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
-            probs.shape[1], probs.stride(0), mode, ptr(k_arr), int(k), ptr(thr_arr), float(thr),
+            probs.shape[1], probs.stride(0), variant, ptr(k_arr), int(k), ptr(thr_arr), float(thr),
             ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
         return
-    kind = _KIND[mode]
+    kind = _KIND[variant]
     top_k = k_arr if k_arr is not None else k
     t = thr_arr if thr_arr is not None else thr
     dist = reference.filtered_probs(probs, kind, top_k=top_k, top_p=t, min_p=t,
@@ -77,16 +77,16 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
 
 @torch.library.custom_op("fi_sampling::filtered_sampling", mutates_args=("out",))
 def _filtered_sampling_op(out: torch.Tensor, probs: torch.Tensor, indices: Optional[torch.Tensor],
-                          mode: int, k_arr: Optional[torch.Tensor], k: int,
+                          variant: int, k_arr: Optional[torch.Tensor], k: int,
                           thr_arr: Optional[torch.Tensor], thr: float,
                           seed_arr: Optional[torch.Tensor], seed: int,
                           off_arr: Optional[torch.Tensor], off: int, backend: str) -> None:
-    filtered_sampling_impl(out, probs, indices, mode, k_arr, k, thr_arr, thr, seed_arr, seed,
+    filtered_sampling_impl(out, probs, indices, variant, k_arr, k, thr_arr, thr, seed_arr, seed,
                            off_arr, off, backend)
 
 
 @_filtered_sampling_op.register_fake
-def _(out, probs, indices, mode, k_arr, k, thr_arr, thr, seed_arr, seed, off_arr, off, backend) -> None:
+def _(out, probs, indices, variant, k_arr, k, thr_arr, thr, seed_arr, seed, off_arr, off, backend) -> None:
     return None
 
 
@@ -98,32 +98,32 @@ def filtered_sampling(*args) -> None:
 
 
 # ---- thresholds: renorm / mask ----------------------------------------------------------------
-def threshold_impl(out: torch.Tensor, x: torch.Tensor, mode: int, k_arr: Optional[torch.Tensor],
+def threshold_impl(out: torch.Tensor, x: torch.Tensor, variant: int, k_arr: Optional[torch.Tensor],
                    k: int, p_arr: Optional[torch.Tensor], p: float, backend: str) -> None:
     if backend == "cuda":
         mod = load(threshold_spec(arch_of(x.device)))
         mod.fi_sampling_threshold(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1],
-                                  x.stride(0), out.stride(0), mode, ptr(k_arr), int(k),
+                                  x.stride(0), out.stride(0), variant, ptr(k_arr), int(k),
                                   ptr(p_arr), float(p), current_stream(x.device))
         return
     top_k = k_arr if k_arr is not None else k
     top_p = p_arr if p_arr is not None else p
-    if mode == 0:
+    if variant == 0:
         out.copy_(reference.top_k_renorm_probs(x, top_k))
-    elif mode == 1:
+    elif variant == 1:
         out.copy_(reference.top_p_renorm_probs(x, top_p))
     else:
         out.copy_(reference.top_k_mask_logits(x, top_k))
 
 
 @torch.library.custom_op("fi_sampling::threshold", mutates_args=("out",))
-def _threshold_op(out: torch.Tensor, x: torch.Tensor, mode: int, k_arr: Optional[torch.Tensor],
+def _threshold_op(out: torch.Tensor, x: torch.Tensor, variant: int, k_arr: Optional[torch.Tensor],
                   k: int, p_arr: Optional[torch.Tensor], p: float, backend: str) -> None:
-    threshold_impl(out, x, mode, k_arr, k, p_arr, p, backend)
+    threshold_impl(out, x, variant, k_arr, k, p_arr, p, backend)
 
 
 @_threshold_op.register_fake
-def _(out, x, mode, k_arr, k, p_arr, p, backend) -> None:
+def _(out, x, variant, k_arr, k, p_arr, p, backend) -> None:
     return None
 
 
