@@ -145,9 +145,15 @@ def make_schedule(plan: Plan, device: torch.device, float_workspace: Optional[to
             dev[name] = (h.pin_memory() if non_blocking else h).to(device, non_blocking=non_blocking) \
                 if h.numel() else torch.zeros(1, dtype=torch.int32, device=device)
     tmp_o = tmp_lse = None
-    if plan.num_slots:
-        n_o = plan.num_slots * rows * head_dim_vo
-        n_l = plan.num_slots * rows
+    # CUDA-graph mode: the captured launch keeps the partial-state pointers, so they must not
+    # depend on whether this particular plan split anything.
+    slots = plan.num_slots
+    if int_buffers is not None and float_workspace is not None:
+        slots = max(slots, max_slots_for(float_workspace.numel() * float_workspace.element_size(),
+                                         head_dim_qk, head_dim_vo))
+    if slots:
+        n_o = slots * rows * head_dim_vo
+        n_l = slots * rows
         fws = float_workspace.view(torch.float32) if float_workspace is not None else None
         if fws is None or fws.numel() < n_o + n_l:
             raise ValueError(f"split-KV needs {(n_o + n_l) * 4} workspace bytes, float_workspace_buffer "

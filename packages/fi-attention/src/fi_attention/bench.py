@@ -1,0 +1,4 @@
+"""Benchmark routines of fi-attention: importing this module registers them (one import line per
+routine module)."""
+
+from . import bench_prefill  # noqa: F401

@@ -1,0 +1,144 @@
+"""Benchmark routines of prefill attention (``flashinfer bench --routine NAME``), each timed next
+to torch SDPA (cuDNN / flash backends) in the same run, reported as TFLOP/s.
+
+Options (``--option key=value``): ``backend`` = auto | fa2 | fa3 (default auto); ``L`` (single
+prefill lengths, comma separated); ``causal`` = 0 | 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fi_core import testing
+from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+
+HQ, HKV, D = 32, 8, 128
+# shared/TARGETS.md (TFLOP/s): default path, and the portable fa2-class path.
+TARGET_TFLOPS = {("single", 16384): 640, ("single", 4096): 570, ("paged", 2048): 560}
+FA2_TARGET_TFLOPS = {("single", 16384): 400}
+
+
+def _flops(qo_len: int, kv_len: int, causal: bool, batch: int = 1) -> float:
+    full = 4.0 * qo_len * kv_len * HQ * D * batch
+    return full / 2 if causal and qo_len == kv_len else full
+
+
+def _sdpa(q, k, v, causal):
+    """torch SDPA on [B, H, L, D] views, GQA through enable_gqa, cuDNN or flash backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def _check(ours, base, what):
+    """Correctness before timing: ours vs SDPA (both bf16) on the benchmarked inputs."""
+    err = (ours.float() - base.float()).abs().max().item()
+    if not err < 3e-2:
+        raise AssertionError(f"{what}: max |ours - SDPA| = {err:.3e} (expected < 3e-2); not timing a wrong kernel")
+
+
+def _target_us(kind, length, flops, backend):
+    t = (FA2_TARGET_TFLOPS if backend == "fa2" else TARGET_TFLOPS).get((kind, length))
+    return None if t is None else round(flops / (t * 1e12) * 1e6, 1)
+
+
+@routine("single_prefill", family="fi-attention",
+         help="single_prefill_with_kv_cache causal GQA 32/8 d128 bf16 vs torch SDPA")
+def single_prefill_routine(args: RoutineArgs):
+    from fi_attention.prefill import single_prefill_with_kv_cache  # noqa: PLC0415
+
+    backend = args.options.get("backend", "auto")
+    causal = args.options.get("causal", "1") == "1"
+    lengths = [int(x) for x in args.options.get("L", "4096" if args.quick else "4096,16384").split(",")]
+    for L in lengths:
+        def make(i, L=L):
+            return (testing.randn((L, HQ, D), torch.bfloat16, "cuda", seed=3 * i),
+                    testing.randn((L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 1),
+                    testing.randn((L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 2))
+        sets = rotating_inputs(make, "cuda", max_sets=4)
+        ours_fn = lambda q, k, v: single_prefill_with_kv_cache(q, k, v, causal=causal, backend=backend)  # noqa: E731
+        base_fn = lambda q, k, v: _sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None],  # noqa: E731
+                                        v.transpose(0, 1)[None], causal)
+        q, k, v = sets[0]
+        _check(ours_fn(q, k, v), base_fn(q, k, v)[0].transpose(0, 1), f"single L={L}")
+        ours = time_fn(ours_fn, sets, reps=10, min_calls_per_replay=4)
+        base = time_fn(base_fn, sets, reps=10, min_calls_per_replay=4)
+        flops = _flops(L, L, causal)
+        yield BenchRow("single_prefill", f"L={L} {'causal' if causal else 'full'} 32/8 d128 bf16 [{backend}]",
+                       ours, flops=flops, baseline=("torch SDPA", base), backend=backend,
+                       target_us=_target_us("single", L, flops, backend))
+
+
+def _batch_inputs(batch, L, i):
+    q = testing.randn((batch * L, HQ, D), torch.bfloat16, "cuda", seed=3 * i)
+    k = testing.randn((batch * L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 1)
+    v = testing.randn((batch * L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 2)
+    return q, k, v
+
+
+def _sdpa_batch(q, k, v, batch, L, causal):
+    qb = q.view(batch, L, HQ, D).transpose(1, 2)
+    kb = k.view(batch, L, HKV, D).transpose(1, 2)
+    vb = v.view(batch, L, HKV, D).transpose(1, 2)
+    return _sdpa(qb, kb, vb, causal)
+
+
+@routine("BatchPrefillWithRaggedKVCacheWrapper", family="fi-attention",
+         help="ragged batch prefill 16 x 2048 causal GQA 32/8 d128 bf16 vs torch SDPA")
+def ragged_routine(args: RoutineArgs):
+    from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper  # noqa: PLC0415
+
+    backend = args.options.get("backend", "auto")
+    causal = args.options.get("causal", "1") == "1"
+    batch, L = (4, 2048) if args.quick else (16, 2048)
+    indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
+                                             backend=backend)
+    w.plan(indptr, indptr, HQ, HKV, D, causal=causal, q_data_type=torch.bfloat16)
+    sets = rotating_inputs(lambda i: _batch_inputs(batch, L, i), "cuda", max_sets=4)
+    q, k, v = sets[0]
+    ref = _sdpa_batch(q, k, v, batch, L, causal)
+    _check(w.run(q, k, v).view(batch, L, HQ, D).transpose(1, 2), ref, "ragged")
+    ours = time_fn(lambda q, k, v: w.run(q, k, v), sets, reps=10, min_calls_per_replay=4)
+    base = time_fn(lambda q, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
+    flops = _flops(L, L, causal, batch)
+    yield BenchRow("BatchPrefillWithRaggedKVCacheWrapper", f"{batch}x{L} {'causal' if causal else 'full'} 32/8 d128 [{backend}]",
+                   ours, flops=flops, baseline=("torch SDPA (dense)", base), backend=backend)
+
+
+@routine("BatchPrefillWithPagedKVCacheWrapper", family="fi-attention",
+         help="paged batch prefill 16 x 2048, page 16, causal GQA 32/8 d128 bf16 vs torch SDPA")
+def paged_routine(args: RoutineArgs):
+    from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
+
+    backend = args.options.get("backend", "auto")
+    causal = args.options.get("causal", "1") == "1"
+    batch, L, ps = (4, 2048, 16) if args.quick else (16, 2048, 16)
+    pages_per = L // ps
+    qo_indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
+    kv_indptr = torch.arange(0, (batch + 1) * pages_per, pages_per, dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    indices = torch.randperm(batch * pages_per, generator=g).to(torch.int32)
+    last = torch.full((batch,), ps, dtype=torch.int32)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
+                                            backend=backend)
+    w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, ps, causal=causal, q_data_type=torch.bfloat16)
+    idx = indices.cuda().long()
+
+    def make(i):
+        q, k, v = _batch_inputs(batch, L, i)
+        cache = torch.empty((batch * pages_per, 2, ps, HKV, D), dtype=torch.bfloat16, device="cuda")
+        cache[idx, 0] = k.view(batch * pages_per, ps, HKV, D)
+        cache[idx, 1] = v.view(batch * pages_per, ps, HKV, D)
+        return q, cache, k, v
+
+    sets = rotating_inputs(make, "cuda", max_sets=4)
+    q, cache, k, v = sets[0]
+    _check(w.run(q, cache).view(batch, L, HQ, D).transpose(1, 2), _sdpa_batch(q, k, v, batch, L, causal), "paged")
+    ours = time_fn(lambda q, c, k, v: w.run(q, c), sets, reps=10, min_calls_per_replay=4)
+    base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
+    flops = _flops(L, L, causal, batch)
+    yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", f"{batch}x{L} page {ps} {'causal' if causal else 'full'} 32/8 d128 [{backend}]",
+                   ours, flops=flops, baseline=("torch SDPA (contiguous KV)", base), backend=backend,
+                   target_us=_target_us("paged", L, flops, backend))

@@ -1,0 +1,422 @@
+"""Batch prefill wrappers (FlashInfer's plan/run classes) over ragged and paged KV.
+
+``plan()`` reads the batch's lengths on the host (it may synchronise), builds the fa2 work list
+(plan.py) and copies it to the device; ``run()`` only launches, so it is CUDA-graph safe. With
+``use_cuda_graph=True`` every device array lives in fixed buffers (the user's index buffers and
+our work-list buffers), so a captured ``run()`` replays correctly after a later ``plan()`` of the
+same batch size.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fi_core.errors import InputError, UnsupportedError
+
+from ..kv import check_kv_layout, unpack_paged_kv_cache
+from ..reference import attention_reference, gather_paged_kv
+from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
+from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
+                     dtype_name, host_lengths, to_float_scale, unpack_mask)
+from .launch import PrefillCall, default_sm_scale, grid_size, make_schedule, plan_fa2, max_slots_for
+from .packbits import segment_packbits
+from .spec import cta_rows
+
+__all__ = ["BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"]
+
+# int32 entries of each work-list buffer in CUDA-graph mode (6 per work item, 5 per merge).
+_GRAPH_WORK_ITEMS = 1 << 16
+
+
+def _dtype(d) -> torch.dtype:
+    if d is None or isinstance(d, torch.dtype):
+        return d
+    return getattr(torch, str(d).replace("torch.", ""))
+
+
+class _BatchPrefillBase:
+    _paged = False
+    _op = RAGGED_PREFILL
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, backend: str = "auto", jit_args=None):
+        check_tensor("float_workspace_buffer", float_workspace_buffer, 1)
+        check_kv_layout(kv_layout)
+        if backend not in ("auto", "fa2", "fa3"):
+            raise InputError(f"backend must be 'auto', 'fa2' or 'fa3', got {backend!r}")
+        if jit_args is not None:
+            raise UnsupportedError("jit_args (custom JIT variants) are not supported")
+        self._ws = float_workspace_buffer
+        self.device = float_workspace_buffer.device
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = use_cuda_graph
+        self._backend = backend
+        self._graph_bufs: Optional[dict] = None
+        self._planned = False
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._ws = float_workspace_buffer
+
+    # ---- plan ---------------------------------------------------------------------------
+    def _to_dev(self, name: str, t: torch.Tensor, buf: Optional[torch.Tensor], non_blocking: bool):
+        if self._use_cuda_graph:
+            if buf is None:
+                raise InputError(f"use_cuda_graph=True needs the {name} buffer passed to the constructor")
+            if t.numel() > buf.numel():
+                raise InputError(f"{name} has {t.numel()} entries, its CUDA-graph buffer holds {buf.numel()}")
+            buf[: t.numel()].copy_(t, non_blocking=non_blocking)
+            return buf
+        return t.to(self.device, non_blocking=non_blocking)
+
+    def _plan_common(self, qo_indptr, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim_qk,
+                     head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
+                     window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type,
+                     kv_data_type, non_blocking):
+        group = check_heads(num_qo_heads, num_kv_heads)
+        check_options(pos_encoding_mode, window_left, logits_soft_cap)
+        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
+        self._q_dtype = _dtype(q_data_type)
+        self._kv_dtype = _dtype(kv_data_type) or self._q_dtype
+        self._num_qo_heads, self._num_kv_heads = num_qo_heads, num_kv_heads
+        self._dqk, self._dvo = head_dim_qk, head_dim_vo
+        self._qo_lens, self._kv_lens = qo_lens, kv_lens
+        self._nnz_qo = int(qo_lens.sum())
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        self._sm_scale = default_sm_scale(head_dim_qk, sm_scale)
+        self._rope_scale = 1.0 if rope_scale is None else float(rope_scale)
+        self._rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+        # Custom masks: flattened [sum qo_len_i * kv_len_i] bool, packed little-endian per request.
+        mask_lens = qo_lens * kv_lens
+        self._mask = self._mask_indptr = None
+        if custom_mask is not None or packed_custom_mask is not None:
+            if packed_custom_mask is None:
+                check_tensor("custom_mask", custom_mask, 1)
+                if custom_mask.numel() != int(mask_lens.sum()):
+                    raise InputError(f"custom_mask must hold sum(qo_len * kv_len) = {int(mask_lens.sum())} "
+                                     f"entries, got {custom_mask.numel()}")
+                ind = torch.zeros(len(mask_lens) + 1, dtype=torch.int32)
+                ind[1:] = torch.cumsum(mask_lens, 0)
+                packed_custom_mask, mask_indptr = segment_packbits(custom_mask, ind.to(custom_mask.device),
+                                                                   bitorder="little")
+            else:
+                check_tensor("packed_custom_mask", packed_custom_mask, 1, (torch.uint8,))
+                mask_indptr = torch.zeros(len(mask_lens) + 1, dtype=torch.int32)
+                mask_indptr[1:] = torch.cumsum((mask_lens + 7) // 8, 0)
+            causal = False  # FlashInfer: a custom mask replaces the causal mask
+            self._mask_host = (packed_custom_mask, mask_indptr.cpu())
+            self._mask = self._to_dev("custom_mask", packed_custom_mask, self._custom_mask_buf, non_blocking)
+            self._mask_indptr = self._to_dev("mask_indptr", mask_indptr.to(torch.int32).cpu(),
+                                             self._mask_indptr_buf, non_blocking)
+        self._causal = bool(causal)
+        self._qo_indptr_dev = self._to_dev("qo_indptr", qo_indptr, self._qo_indptr_buf, non_blocking)
+
+        self._choice = None
+        if self.device.type == "cuda":
+            self._choice = self._op.choose(
+                device=self.device, dtype=self._q_dtype, requested=self._backend, head_dim_qk=head_dim_qk,
+                head_dim_vo=head_dim_vo, kv_dtype=self._kv_dtype, pos_encoding_mode=pos_encoding_mode,
+                causal=self._causal, paged=self._paged, custom_mask=self._mask is not None,
+                window_left=window_left, logits_soft_cap=self._soft_cap)
+            if self._choice.name == "fa2":
+                self._plan_fa2(group, non_blocking)
+        self._planned = True
+
+    def _plan_fa2(self, group, non_blocking):
+        num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged)
+        ws_bytes = self._ws.numel() * self._ws.element_size()
+        plan = plan_fa2(self._qo_lens.numpy(), self._kv_lens.numpy(), num_kv_heads=self._num_kv_heads,
+                        group=group, cta_rows=cta_rows(self._dqk, self._dvo), causal=self._causal,
+                        window_left=self._window_left, num_ctas=num_ctas,
+                        max_slots=max_slots_for(ws_bytes, self._dqk, self._dvo))
+        bufs = None
+        if self._use_cuda_graph:
+            if self._graph_bufs is None:
+                n = _GRAPH_WORK_ITEMS
+                self._graph_bufs = {
+                    "work": torch.zeros(6 * n, dtype=torch.int32, device=self.device),
+                    "work_indptr": torch.zeros(num_ctas + 1, dtype=torch.int32, device=self.device),
+                    "merge": torch.zeros(5 * n, dtype=torch.int32, device=self.device),
+                    "merge_count": torch.zeros(1, dtype=torch.int32, device=self.device),
+                }
+            bufs = self._graph_bufs
+        self._schedule = make_schedule(plan, self.device, self._ws, self._dqk, self._dvo,
+                                       int_buffers=bufs, non_blocking=non_blocking)
+
+    begin_forward = None  # set below (legacy alias of plan)
+
+    def end_forward(self) -> None:
+        """Legacy no-op."""
+
+    # ---- run ----------------------------------------------------------------------------
+    def _check_q_out(self, q, out, lse, return_lse):
+        if not self._planned:
+            raise InputError("call plan() before run()")
+        check_tensor("q", q, 3, Q_DTYPES)
+        if tuple(q.shape) != (self._nnz_qo, self._num_qo_heads, self._dqk):
+            raise InputError(f"q must be [qo_indptr[-1], num_qo_heads, head_dim_qk] = "
+                             f"[{self._nnz_qo}, {self._num_qo_heads}, {self._dqk}], got {tuple(q.shape)}")
+        if q.dtype != self._q_dtype:
+            raise InputError(f"q dtype {dtype_name(q.dtype)} differs from plan(q_data_type={dtype_name(self._q_dtype)})")
+        if q.device != self.device:
+            raise InputError(f"q is on {q.device}, the workspace on {self.device}")
+        check_rows("q", q)
+        shape = (self._nnz_qo, self._num_qo_heads, self._dvo)
+        if out is None:
+            out = torch.empty(shape, dtype=q.dtype, device=q.device)
+        else:
+            check_tensor("out", out, 3, (q.dtype,))
+            if tuple(out.shape) != shape:
+                raise InputError(f"out must be {list(shape)}, got {tuple(out.shape)}")
+            check_rows("out", out)
+        if return_lse or lse is not None:
+            if lse is None:
+                lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
+            elif tuple(lse.shape) != shape[:2] or lse.dtype != torch.float32 or not lse.is_contiguous():
+                raise InputError(f"lse must be contiguous float32 {list(shape[:2])}, got "
+                                 f"{dtype_name(lse.dtype)} {tuple(lse.shape)}")
+        return out, lse
+
+    def _launch(self, call: PrefillCall) -> None:
+        if self._nnz_qo == 0:
+            return
+        if self._choice.name == "fa2":
+            call.schedule = self._schedule
+        RUNNERS[self._choice.name](call)
+
+    def _reference_rows(self, q, get_kv, out, lse, k_scale=1.0):
+        qo_ind = np.concatenate([[0], np.cumsum(self._qo_lens.numpy())])
+        for b in range(len(self._qo_lens)):
+            a, e = int(qo_ind[b]), int(qo_ind[b + 1])
+            if a == e:
+                continue
+            kk, vv = get_kv(b)
+            mask = None
+            if self._mask is not None:
+                packed, ind = self._mask_host
+                mask = unpack_mask(packed.cpu(), int(ind[b]), e - a, kk.shape[0])
+            o, l = attention_reference(q[a:e], kk, vv, causal=self._causal, sm_scale=self._sm_scale * k_scale,
+                                       logits_soft_cap=self._soft_cap or None, window_left=self._window_left,
+                                       pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
+                                       rope_theta=self._rope_theta, custom_mask=mask, return_lse=True)
+            out[a:e] = o
+            if lse is not None:
+                lse[a:e] = l
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
+    """Prefill attention for a batch whose K/V are ragged tensors (CSR by ``kv_indptr``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> ws = torch.empty(1 << 20, dtype=torch.uint8)
+    >>> w = BatchPrefillWithRaggedKVCacheWrapper(ws)
+    >>> qo = torch.tensor([0, 3, 8], dtype=torch.int32); kv = torch.tensor([0, 5, 12], dtype=torch.int32)
+    >>> w.plan(qo, kv, 4, 2, 64, causal=True, q_data_type=torch.bfloat16)
+    >>> q = torch.randn(8, 4, 64, dtype=torch.bfloat16)
+    >>> k = torch.randn(12, 2, 64, dtype=torch.bfloat16); v = torch.randn(12, 2, 64, dtype=torch.bfloat16)
+    >>> w.run(q, k, v).shape
+    torch.Size([8, 4, 64])
+    """
+
+    _paged = False
+    _op = RAGGED_PREFILL
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf: Optional[torch.Tensor] = None,
+                 kv_indptr_buf: Optional[torch.Tensor] = None, custom_mask_buf: Optional[torch.Tensor] = None,
+                 mask_indptr_buf: Optional[torch.Tensor] = None, backend: str = "auto", jit_args=None):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr_buf, kv_indptr_buf
+        self._custom_mask_buf, self._mask_indptr_buf = custom_mask_buf, mask_indptr_buf
+
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int,
+             num_kv_heads: int, head_dim_qk: int, head_dim_vo: Optional[int] = None,
+             custom_mask: Optional[torch.Tensor] = None, packed_custom_mask: Optional[torch.Tensor] = None,
+             causal: bool = False, pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+             q_data_type="float16", kv_data_type=None, non_blocking: bool = True) -> None:
+        """Schedule a batch: ``qo_indptr``/``kv_indptr`` int32 ``[batch + 1]`` (CSR rows of q and
+        k/v). Options as :func:`single_prefill_with_kv_cache`; ``custom_mask`` is the
+        concatenation of every request's flattened ``[qo_len, kv_len]`` bool mask."""
+        check_indptr("qo_indptr", qo_indptr)
+        check_indptr("kv_indptr", kv_indptr, qo_indptr.numel())
+        qo_h, kv_h = qo_indptr.cpu(), kv_indptr.cpu()
+        qo_lens, kv_lens = host_lengths("qo_indptr", qo_h), host_lengths("kv_indptr", kv_h)
+        self._nnz_kv = int(kv_h[-1])
+        self._kv_indptr_dev = self._to_dev("kv_indptr", kv_h, self._kv_indptr_buf, non_blocking)
+        self._kv_indptr_host = kv_h
+        self._plan_common(qo_h, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                          custom_mask, packed_custom_mask, causal, pos_encoding_mode, window_left,
+                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
+                          non_blocking)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None, return_lse: bool = False, enable_pdl=None):
+        """``q [nnz_qo, H_qo, D_qk]``, ``k [nnz_kv, H_kv, D_qk]``, ``v [nnz_kv, H_kv, D_vo]``
+        (HND: heads first) -> ``out [nnz_qo, H_qo, D_vo]`` (+ base-2 ``lse [nnz_qo, H_qo]``)."""
+        out, lse = self._check_q_out(q, out, lse, return_lse)
+        check_tensor("k", k, 3)
+        check_tensor("v", v, 3)
+        kn = k if self._kv_layout == "NHD" else k.transpose(0, 1)
+        vn = v if self._kv_layout == "NHD" else v.transpose(0, 1)
+        if kn.shape[0] < self._nnz_kv or tuple(kn.shape[1:]) != (self._num_kv_heads, self._dqk):
+            raise InputError(f"k must be [>= {self._nnz_kv}, {self._num_kv_heads}, {self._dqk}] (NHD view), got {tuple(kn.shape)}")
+        if vn.shape[0] != kn.shape[0] or tuple(vn.shape[1:]) != (self._num_kv_heads, self._dvo):
+            raise InputError(f"v must be [{kn.shape[0]}, {self._num_kv_heads}, {self._dvo}] (NHD view), got {tuple(vn.shape)}")
+        if k.dtype != self._kv_dtype or v.dtype != self._kv_dtype:
+            raise InputError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), got {dtype_name(k.dtype)}/{dtype_name(v.dtype)}")
+        check_rows("k", k)
+        check_rows("v", v)
+        if q.device.type == "cpu":
+            kvi = self._kv_indptr_host
+            self._reference_rows(q, lambda b: (kn[int(kvi[b]):int(kvi[b + 1])], vn[int(kvi[b]):int(kvi[b + 1])]),
+                                 out, lse)
+        else:
+            self._launch(PrefillCall(
+                q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
+                k_strides=(0, kn.stride(0), kn.stride(1)), v_strides=(0, vn.stride(0), vn.stride(1)),
+                qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, causal=self._causal,
+                window_left=self._window_left, sm_scale=self._sm_scale, logits_soft_cap=self._soft_cap,
+                pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
+                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr))
+        return (out, lse) if return_lse else out
+
+    def run_return_lse(self, q, k, v, **kw):
+        return self.run(q, k, v, return_lse=True, **kw)
+
+    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None):
+        """Legacy API: options must match the ones given to plan/begin_forward."""
+        return self.run(q, k, v)
+
+    def forward_return_lse(self, q, k, v, **kw):
+        return self.run(q, k, v, return_lse=True)
+
+    begin_forward = plan
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
+    """Prefill attention for a batch whose K/V live in a paged cache.
+
+    Request i owns pages ``paged_kv_indices[paged_kv_indptr[i]:paged_kv_indptr[i+1]]``; its kv
+    length is ``(num_pages_i - 1) * page_size + paged_kv_last_page_len[i]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> ws = torch.empty(1 << 20, dtype=torch.uint8)
+    >>> w = BatchPrefillWithPagedKVCacheWrapper(ws)
+    >>> i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+    >>> w.plan(i32([0, 3]), i32([0, 2]), i32([1, 0]), i32([5]), 4, 2, 64, 16, causal=True,
+    ...        q_data_type=torch.bfloat16)
+    >>> cache = torch.randn(2, 2, 16, 2, 64, dtype=torch.bfloat16)
+    >>> w.run(torch.randn(3, 4, 64, dtype=torch.bfloat16), cache).shape
+    torch.Size([3, 4, 64])
+    """
+
+    _paged = True
+    _op = PAGED_PREFILL
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf: Optional[torch.Tensor] = None,
+                 paged_kv_indptr_buf: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buf: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
+                 custom_mask_buf: Optional[torch.Tensor] = None, mask_indptr_buf: Optional[torch.Tensor] = None,
+                 backend: str = "auto", jit_args=None):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr_buf, paged_kv_indptr_buf
+        self._kv_indices_buf, self._last_buf = paged_kv_indices_buf, paged_kv_last_page_len_buf
+        self._custom_mask_buf, self._mask_indptr_buf = custom_mask_buf, mask_indptr_buf
+
+    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
+             paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
+             page_size: int, head_dim_vo: Optional[int] = None, custom_mask: Optional[torch.Tensor] = None,
+             packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False,
+             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             sm_scale: Optional[float] = None, window_left: int = -1, logits_soft_cap: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+             q_data_type="float16", kv_data_type=None, non_blocking: bool = True) -> None:
+        """Schedule a batch over a paged cache (see the class docstring for the index format)."""
+        check_indptr("qo_indptr", qo_indptr)
+        check_indptr("paged_kv_indptr", paged_kv_indptr, qo_indptr.numel())
+        check_indptr("paged_kv_last_page_len", paged_kv_last_page_len, qo_indptr.numel() - 1) \
+            if qo_indptr.numel() > 1 else None
+        if not isinstance(paged_kv_indices, torch.Tensor) or paged_kv_indices.dtype != torch.int32:
+            raise InputError("paged_kv_indices must be an int32 tensor")
+        if not isinstance(page_size, int) or page_size < 1:
+            raise InputError(f"page_size must be an int >= 1, got {page_size!r}")
+        qo_h, kv_h, last_h = qo_indptr.cpu(), paged_kv_indptr.cpu(), paged_kv_last_page_len.cpu().to(torch.int64)
+        qo_lens = host_lengths("qo_indptr", qo_h)
+        pages = host_lengths("paged_kv_indptr", kv_h)
+        if bool(((pages > 0) & ((last_h < 1) | (last_h > page_size))).any()):
+            raise InputError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for requests with pages")
+        kv_lens = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
+        if paged_kv_indices.numel() < int(kv_h[-1]):
+            raise InputError(f"paged_kv_indices has {paged_kv_indices.numel()} entries, paged_kv_indptr[-1] = {int(kv_h[-1])}")
+        self._page_size = page_size
+        self._kv_indptr_host, self._last_host = kv_h, last_h
+        self._kv_indices_host = paged_kv_indices
+        self._kv_indptr_dev = self._to_dev("paged_kv_indptr", kv_h, self._kv_indptr_buf, non_blocking)
+        self._kv_indices_dev = self._to_dev("paged_kv_indices", paged_kv_indices, self._kv_indices_buf, non_blocking)
+        self._last_dev = self._to_dev("paged_kv_last_page_len", paged_kv_last_page_len.cpu(), self._last_buf, non_blocking)
+        self._plan_common(qo_h, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                          custom_mask, packed_custom_mask, causal, pos_encoding_mode, window_left,
+                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
+                          non_blocking)
+
+    def run(self, q: torch.Tensor, paged_kv_cache, *, k_scale=None, v_scale=None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl=None):
+        """``q [nnz_qo, H_qo, D_qk]`` over the cache -> ``out [nnz_qo, H_qo, D_vo]`` (+ ``lse``).
+        ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the output."""
+        out, lse = self._check_q_out(q, out, lse, return_lse)
+        kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        if kv.page_size != self._page_size or kv.num_kv_heads != self._num_kv_heads or kv.head_dim != self._dqk:
+            raise InputError(f"paged_kv_cache has page_size {kv.page_size}, {kv.num_kv_heads} kv heads, head_dim "
+                             f"{kv.head_dim}; plan() was given {self._page_size}, {self._num_kv_heads}, {self._dqk}")
+        if kv.dtype != self._kv_dtype:
+            raise InputError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from plan ({dtype_name(self._kv_dtype)})")
+        ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
+        if q.device.type == "cpu":
+            self._reference_rows(
+                q, lambda b: gather_paged_kv(paged_kv_cache, self._kv_indptr_host, self._kv_indices_host,
+                                             self._last_host, b, self._kv_layout), out, lse, k_scale=ks)
+        else:
+            self._launch(PrefillCall(
+                q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
+                k_strides=kv.k_strides, v_strides=kv.v_strides, paged=True, page_size=self._page_size,
+                qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, kv_indices=self._kv_indices_dev,
+                kv_last_page_len=self._last_dev, causal=self._causal, window_left=self._window_left,
+                sm_scale=self._sm_scale * ks, logits_soft_cap=self._soft_cap,
+                pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
+                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr))
+        if vs != 1.0:
+            out.mul_(vs)
+        return (out, lse) if return_lse else out
+
+    def run_return_lse(self, q, paged_kv_cache, **kw):
+        return self.run(q, paged_kv_cache, return_lse=True, **kw)
+
+    def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                k_scale=None, v_scale=None, sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None):
+        """Legacy API: options must match the ones given to plan/begin_forward."""
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(self, q, paged_kv_cache, **kw):
+        return self.run(q, paged_kv_cache, return_lse=True)
+
+    begin_forward = plan

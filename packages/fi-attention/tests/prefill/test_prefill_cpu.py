@@ -1,0 +1,202 @@
+"""CPU tests of the prefill API: validation paths, bit packing, and the CPU (reference) backend of
+single prefill and both batch wrappers (batch == single per request, paged == ragged)."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+from fi_core import testing
+from fi_attention.prefill import (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
+                                  packbits, segment_packbits, single_prefill_with_kv_cache)
+from fi_attention.reference import attention_reference
+
+BF16 = torch.bfloat16
+
+
+def _qkv(lq, lkv, hq=4, hkv=2, d=64, seed=0, dtype=BF16):
+    return (testing.randn((lq, hq, d), dtype, seed=seed), testing.randn((lkv, hkv, d), dtype, seed=seed + 1),
+            testing.randn((lkv, hkv, d), dtype, seed=seed + 2))
+
+
+# ---- packbits ----------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 100])
+@pytest.mark.parametrize("order", ["big", "little"])
+def test_packbits_matches_numpy(n, order):
+    x = testing.rand((n,), seed=n) > 0.5
+    np.testing.assert_array_equal(packbits(x, order).numpy(), np.packbits(x.numpy(), bitorder=order))
+
+
+@pytest.mark.parametrize("order", ["big", "little"])
+def test_segment_packbits_matches_numpy_per_segment(order):
+    lens = [0, 3, 8, 13, 1, 0, 17]
+    ind = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    x = testing.rand((int(ind[-1]),), seed=3) > 0.5
+    y, new = segment_packbits(x, ind, order)
+    for i in range(len(lens)):
+        want = np.packbits(x[ind[i]:ind[i + 1]].numpy(), bitorder=order)
+        np.testing.assert_array_equal(y[new[i]:new[i + 1]].numpy(), want)
+        assert int(new[i + 1] - new[i]) == (lens[i] + 7) // 8
+
+
+def test_packbits_rejects_bad_input():
+    with pytest.raises(InputError, match="bitorder"):
+        packbits(torch.ones(3, dtype=torch.bool), "middle")
+    with pytest.raises(InputError, match="1-D"):
+        packbits(torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(InputError, match="indptr"):
+        segment_packbits(torch.ones(4, dtype=torch.bool), torch.tensor([0, 5]))
+
+
+# ---- validation ---------------------------------------------------------------------------
+def test_single_prefill_validation_messages():
+    q, k, v = _qkv(5, 9)
+    with pytest.raises(InputTypeError, match="q must be float16 or bfloat16, got float32"):
+        single_prefill_with_kv_cache(q.float(), k, v)
+    with pytest.raises(InputError, match="3-D"):
+        single_prefill_with_kv_cache(q[0], k, v)
+    with pytest.raises(InputError, match="multiple of num_kv_heads"):
+        single_prefill_with_kv_cache(q[:, :3], k, v)
+    with pytest.raises(InputError, match="head_dim must match"):
+        single_prefill_with_kv_cache(q[..., :32], k, v)
+    with pytest.raises(InputError, match="kv_layout"):
+        single_prefill_with_kv_cache(q, k, v, kv_layout="HDN")
+    with pytest.raises(InputError, match="window_left"):
+        single_prefill_with_kv_cache(q, k, v, window_left=-5)
+    with pytest.raises(InputError, match="pos_encoding_mode"):
+        single_prefill_with_kv_cache(q, k, v, pos_encoding_mode="ROPE")
+    with pytest.raises(InputError, match=r"custom_mask must be \[qo_len, kv_len\] = \[5, 9\]"):
+        single_prefill_with_kv_cache(q, k, v, custom_mask=torch.ones(5, 8, dtype=torch.bool))
+    with pytest.raises(InputError, match="packed_custom_mask needs 6 bytes"):
+        single_prefill_with_kv_cache(q, k, v, packed_custom_mask=torch.zeros(5, dtype=torch.uint8))
+    with pytest.raises(InputError, match="contiguous"):
+        single_prefill_with_kv_cache(q, k.transpose(0, 2).contiguous().transpose(0, 2), v)
+    with pytest.raises(UnsupportedError, match="o_dtype"):
+        single_prefill_with_kv_cache(q, k, v, o_dtype=torch.float32)
+    with pytest.raises(UnsupportedError, match="unknown backend"):
+        single_prefill_with_kv_cache(q, k, v, backend="fa9")
+
+
+def test_wrapper_validation_messages():
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w = BatchPrefillWithRaggedKVCacheWrapper(ws)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    q, k, v = _qkv(5, 9)
+    with pytest.raises(InputError, match="plan"):
+        w.run(q, k, v)
+    with pytest.raises(InputTypeError, match="int32"):
+        w.plan(torch.tensor([0, 5]), i32([0, 9]), 4, 2, 64)
+    with pytest.raises(InputError, match="non-decreasing"):
+        w.plan(i32([0, 5, 3]), i32([0, 9, 9]), 4, 2, 64)
+    with pytest.raises(InputError, match="must have 2 entries"):
+        w.plan(i32([0, 5]), i32([0, 9, 10]), 4, 2, 64)
+    w.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16)
+    with pytest.raises(InputError, match=r"q must be \[qo_indptr\[-1\]"):
+        w.run(q[:4], k, v)
+    with pytest.raises(InputError, match="k/v dtype"):
+        w.run(q, k.half(), v.half())
+    p = BatchPrefillWithPagedKVCacheWrapper(ws)
+    with pytest.raises(InputError, match="last_page_len"):
+        p.plan(i32([0, 5]), i32([0, 1]), i32([0]), i32([17]), 4, 2, 64, 16)
+    p.plan(i32([0, 5]), i32([0, 1]), i32([0]), i32([9]), 4, 2, 64, 16, q_data_type=BF16)
+    with pytest.raises(InputError, match="page_size"):
+        p.run(q, torch.randn(1, 2, 8, 2, 64, dtype=BF16))
+    with pytest.raises(InputError, match="use_cuda_graph=True needs"):
+        BatchPrefillWithRaggedKVCacheWrapper(ws, use_cuda_graph=True).plan(i32([0, 5]), i32([0, 9]), 4, 2, 64)
+
+
+# ---- CPU backend ----------------------------------------------------------------------------
+def test_single_prefill_cpu_is_the_reference_with_masks_packed_or_dense():
+    q, k, v = _qkv(6, 11)
+    mask = testing.rand((6, 11), seed=5) > 0.3
+    want, wl = attention_reference(q, k, v, custom_mask=mask, return_lse=True)
+    o1, l1 = single_prefill_with_kv_cache(q, k, v, custom_mask=mask, return_lse=True, causal=True)
+    o2, l2 = single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packbits(mask.flatten(), "little"),
+                                          return_lse=True)
+    for o, l in ((o1, l1), (o2, l2)):
+        torch.testing.assert_close(o, want, rtol=0, atol=0)
+        torch.testing.assert_close(l, wl, rtol=0, atol=0)
+
+
+def test_single_prefill_cpu_hnd_matches_nhd():
+    q, k, v = _qkv(4, 13)
+    a = single_prefill_with_kv_cache(q, k, v, causal=True)
+    b = single_prefill_with_kv_cache(q, k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
+                                     causal=True, kv_layout="HND")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _batch(qo_lens, kv_lens, hq=4, hkv=2, d=64, seed=0):
+    qo_ind = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
+    kv_ind = torch.tensor(np.concatenate([[0], np.cumsum(kv_lens)]), dtype=torch.int32)
+    q = testing.randn((int(qo_ind[-1]), hq, d), BF16, seed=seed)
+    k = testing.randn((int(kv_ind[-1]), hkv, d), BF16, seed=seed + 1)
+    v = testing.randn((int(kv_ind[-1]), hkv, d), BF16, seed=seed + 2)
+    return qo_ind, kv_ind, q, k, v
+
+
+def _paged_from_ragged(kv_lens, k, v, page_size, seed=0):
+    """Scatter ragged k/v into a shuffled paged cache [P, 2, ps, H, D]; returns indices too."""
+    pages = [(n + page_size - 1) // page_size for n in kv_lens]
+    total = sum(pages) + 3
+    perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:sum(pages)].to(torch.int32)
+    cache = testing.randn((total, 2, page_size, k.shape[1], k.shape[2]), k.dtype, seed=seed + 9)
+    pos, ptr = 0, 0
+    for n, np_ in zip(kv_lens, pages):
+        for i in range(np_):
+            m = min(page_size, n - i * page_size)
+            cache[perm[ptr + i], 0, :m] = k[pos + i * page_size: pos + i * page_size + m]
+            cache[perm[ptr + i], 1, :m] = v[pos + i * page_size: pos + i * page_size + m]
+        pos += n
+        ptr += np_
+    indptr = torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+    return cache, indptr, perm, last
+
+
+def test_batch_cpu_equals_single_per_request_and_paged_equals_ragged():
+    qo_lens, kv_lens = [3, 0, 7, 1], [9, 4, 7, 20]
+    qo_ind, kv_ind, q, k, v = _batch(qo_lens, kv_lens)
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w = BatchPrefillWithRaggedKVCacheWrapper(ws)
+    w.plan(qo_ind, kv_ind, 4, 2, 64, causal=True, q_data_type=BF16)
+    out, lse = w.run(q, k, v, return_lse=True)
+    for b in range(len(qo_lens)):
+        a, e, c, f = int(qo_ind[b]), int(qo_ind[b + 1]), int(kv_ind[b]), int(kv_ind[b + 1])
+        if a == e:
+            continue
+        o1, l1 = single_prefill_with_kv_cache(q[a:e], k[c:f], v[c:f], causal=True, return_lse=True)
+        torch.testing.assert_close(out[a:e], o1, rtol=0, atol=0)
+        torch.testing.assert_close(lse[a:e], l1, rtol=0, atol=0)
+    cache, indptr, indices, last = _paged_from_ridged = _paged_from_ragged(kv_lens, k, v, 4)
+    p = BatchPrefillWithPagedKVCacheWrapper(ws)
+    p.plan(qo_ind, indptr, indices, last, 4, 2, 64, 4, causal=True, q_data_type=BF16)
+    out2, lse2 = p.run(q, cache, return_lse=True)
+    torch.testing.assert_close(out2, out, rtol=0, atol=0)
+    torch.testing.assert_close(lse2, lse, rtol=0, atol=0)
+    # tuple cache in HND layout gives the same result
+    ph = BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout="HND")
+    ph.plan(qo_ind, indptr, indices, last, 4, 2, 64, 4, causal=True, q_data_type=BF16)
+    kc, vc = cache[:, 0].transpose(1, 2).contiguous(), cache[:, 1].transpose(1, 2).contiguous()
+    torch.testing.assert_close(ph.run(q, (kc, vc)), out, rtol=0, atol=0)
+
+
+def test_batch_custom_mask_cpu_matches_reference():
+    qo_lens, kv_lens = [3, 5], [6, 5]
+    qo_ind, kv_ind, q, k, v = _batch(qo_lens, kv_lens)
+    masks = [testing.rand((a, b), seed=i) > 0.4 for i, (a, b) in enumerate(zip(qo_lens, kv_lens))]
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(qo_ind, kv_ind, 4, 2, 64, custom_mask=torch.cat([m.flatten() for m in masks]), q_data_type=BF16)
+    out = w.run(q, k, v)
+    torch.testing.assert_close(out[:3], attention_reference(q[:3], k[:6], v[:6], custom_mask=masks[0]), rtol=0, atol=0)
+    torch.testing.assert_close(out[3:], attention_reference(q[3:], k[6:], v[6:], custom_mask=masks[1]), rtol=0, atol=0)
+
+
+def test_bench_module_registers_routines():
+    bench = importlib.import_module("fi_attention.bench_prefill")
+    from fi_core.bench import ROUTINES
+    for name in ("single_prefill", "BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
+        assert name in ROUTINES, name
+    assert bench is not None

@@ -1,0 +1,262 @@
+"""GPU tests of prefill (fa2 by default; FI_TEST_PREFILL_BACKEND=fa3 reruns them on the Hopper
+kernel where it applies) against the fp32 reference.
+
+Grid reduction: lengths {1, 7, 127, 1000, 4097} appear as (qo, kv) pairs chosen to cover
+qo == kv, qo < kv, qo > kv and one-tile/multi-tile/ragged-tail cases instead of the full product;
+heads are 4/1, 8/2 and 8/8 instead of 32/8 (the kernel is head-count agnostic: heads only index
+pointers); features are tested at d=128 bf16 plus one other dtype/dim each.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fi_core import testing
+from fi_attention.prefill import (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
+                                  single_prefill_with_kv_cache)
+from fi_attention.reference import attention_reference
+
+pytestmark = testing.gpu_only()
+BACKEND = os.environ.get("FI_TEST_PREFILL_BACKEND", "fa2")
+# Output tolerance: P is rounded to the input type before P @ V (as every fa2/fa3 kernel does),
+# so the error is ~2^-8 (bf16) / 2^-11 (fp16) of |v| on top of the output rounding.
+TOL = {torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3), torch.float16: (3e-3, 3e-3, 1.5e-3)}  # atol, rtol, rel 2-norm
+LSE_TOL = dict(atol=2e-3, rtol=1e-3)
+
+
+def _close(out, ref, dtype, what=""):
+    atol, rtol, rel = TOL[dtype]
+    testing.assert_close(out, ref, atol=atol, rtol=rtol, msg=what)
+    assert testing.rel_error(out, ref) < rel, f"{what}: rel. error {testing.rel_error(out, ref):.3e}"
+
+
+def _qkv(lq, lkv, hq, hkv, dqk, dvo, dtype, seed):
+    return (testing.randn((lq, hq, dqk), dtype, "cuda", seed=seed),
+            testing.randn((lkv, hkv, dqk), dtype, "cuda", seed=seed + 1),
+            testing.randn((lkv, hkv, dvo), dtype, "cuda", seed=seed + 2))
+
+
+LENGTHS = [(1, 1), (7, 7), (127, 127), (1000, 1000), (7, 1000), (1, 4097), (127, 4097), (1000, 127), (4097, 4097)]
+
+
+@pytest.mark.parametrize("lq,lkv", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_single_prefill_lengths(lq, lkv, causal):
+    q, k, v = _qkv(lq, lkv, 8, 2, 128, 128, torch.bfloat16, seed=lq + lkv)
+    out, lse = single_prefill_with_kv_cache(q, k, v, causal=causal, backend=BACKEND, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, return_lse=True)
+    _close(out, ref, torch.bfloat16, f"lq={lq} lkv={lkv} causal={causal}: ")
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dqk,dvo", [(64, 64), (128, 128), (256, 256), (192, 128)])
+@pytest.mark.parametrize("heads", [(4, 1), (8, 8)])
+def test_single_prefill_dims_dtypes_heads(dtype, dqk, dvo, heads):
+    hq, hkv = heads
+    q, k, v = _qkv(300, 517, hq, hkv, dqk, dvo, dtype, seed=dqk)
+    out, lse = single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True, backend="fa2")
+    ref, ref_lse = attention_reference(q, k, v, causal=True, return_lse=True)
+    _close(out, ref, dtype)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("feature", ["window", "softcap", "alibi", "mask", "hnd", "noncontig", "scale"])
+def test_single_prefill_features(feature):
+    lq, lkv = 200, 700
+    q, k, v = _qkv(lq, lkv, 8, 2, 128, 128, torch.bfloat16, seed=11)
+    kw, rkw = {"causal": True}, {"causal": True}
+    kk, vv = k, v
+    if feature == "window":
+        kw["window_left"] = rkw["window_left"] = 97
+    elif feature == "softcap":
+        kw["logits_soft_cap"] = rkw["logits_soft_cap"] = 5.0
+        q = q * 4
+    elif feature == "alibi":
+        kw["pos_encoding_mode"] = rkw["pos_encoding_mode"] = "ALIBI"
+    elif feature == "mask":
+        m = testing.rand((lq, lkv), seed=2) > 0.5
+        m[17] = False  # a fully masked row: out 0, lse -inf
+        kw, rkw = {"custom_mask": m.cuda()}, {"custom_mask": m}
+    elif feature == "hnd":
+        kk, vv = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+        kw["kv_layout"] = "HND"
+    elif feature == "noncontig":
+        big = testing.randn((lkv, 2, 4, 128), torch.bfloat16, "cuda", seed=5)
+        kk, vv = big[:, 0, :2], big[:, 1, 1:3]
+        k, v = kk, vv
+    elif feature == "scale":
+        kw["sm_scale"] = rkw["sm_scale"] = 0.05
+    out, lse = single_prefill_with_kv_cache(q, kk, vv, backend="fa2", return_lse=True, **kw)
+    ref, ref_lse = attention_reference(q, k, v, return_lse=True, **rkw)
+    _close(out, ref, torch.bfloat16, feature + ": ")
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+def _lens(batch, seed):
+    rng = np.random.default_rng(seed)
+    qo = rng.choice([0, 1, 7, 127, 300], size=batch)
+    kv = qo + rng.choice([0, 0, 5, 900], size=batch)
+    kv[rng.random(batch) < 0.1] = 0  # empty kv with queries: out 0, lse -inf
+    return qo.tolist(), kv.tolist()
+
+
+def _indptr(lens):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+
+
+def _per_request_ref(q, k, v, qo, kv, **kw):
+    outs, lses, a, c = [], [], 0, 0
+    for lq, lk in zip(qo, kv):
+        o, l = attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], return_lse=True, **kw)
+        outs.append(o)
+        lses.append(l)
+        a, c = a + lq, c + lk
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 33])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_batch(batch, causal):
+    qo, kv = _lens(batch, batch)
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=batch)
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=BACKEND)
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, causal=causal, q_data_type=torch.bfloat16)
+    out = testing.empty_poisoned(q.shape, q.dtype, "cuda")
+    lse = testing.empty_poisoned(q.shape[:2], torch.float32, "cuda")
+    w.run(q, k, v, out=out, lse=lse)
+    ref, ref_lse = _per_request_ref(q, k, v, qo, kv, causal=causal)
+    _close(out, ref, torch.bfloat16)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+    # batch == single per request
+    a, c = 0, 0
+    for lq, lk in zip(qo, kv):
+        if lq:
+            one = single_prefill_with_kv_cache(q[a:a + lq], k[c:c + lk], v[c:c + lk], causal=causal)
+            _close(out[a:a + lq], one.float(), torch.bfloat16)
+        a, c = a + lq, c + lk
+
+
+def test_ragged_split_kv_short_queries_long_kv():
+    qo, kv = [1, 3, 1, 2], [4097, 9000, 1, 20000]  # few rows over long KV: the planner splits
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=3)
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, causal=True, q_data_type=torch.bfloat16)
+    assert w._schedule.plan.num_slots > 0
+    out, lse = w.run(q, k, v, return_lse=True)
+    ref, ref_lse = _per_request_ref(q, k, v, qo, kv, causal=True)
+    _close(out, ref, torch.bfloat16)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+def _paged(kv, k, v, page_size, layout, seed):
+    pages = [(n + page_size - 1) // page_size for n in kv]
+    total = sum(pages) + 5
+    perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:sum(pages)]
+    kc = testing.randn((total, page_size, k.shape[1], k.shape[2]), k.dtype, "cuda", seed=seed + 7)
+    vc = testing.randn((total, page_size, v.shape[1], v.shape[2]), v.dtype, "cuda", seed=seed + 8)
+    pos, ptr = 0, 0
+    for n, np_ in zip(kv, pages):
+        for i in range(np_):
+            m = min(page_size, n - i * page_size)
+            kc[perm[ptr + i], :m] = k[pos + i * page_size: pos + i * page_size + m]
+            vc[perm[ptr + i], :m] = v[pos + i * page_size: pos + i * page_size + m]
+        pos, ptr = pos + n, ptr + np_
+    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(kv, pages)], dtype=torch.int32)
+    if layout == "HND":
+        kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    return (kc, vc), _indptr(pages), perm.to(torch.int32), last
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_paged_matches_ragged(page_size, layout, as_tensor):
+    qo, kv = _lens(9, page_size)
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=page_size)
+    (kc, vc), indptr, indices, last = _paged(kv, k, v, page_size, layout, seed=1)
+    cache = torch.stack([kc, vc], dim=1) if as_tensor else (kc, vc)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    p = BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout=layout, backend=BACKEND)
+    p.plan(_indptr(qo), indptr, indices, last, 8, 2, 128, page_size, causal=True, q_data_type=torch.bfloat16)
+    out, lse = p.run(q, cache, return_lse=True)
+    r = BatchPrefillWithRaggedKVCacheWrapper(ws, backend=BACKEND)
+    r.plan(_indptr(qo), _indptr(kv), 8, 2, 128, causal=True, q_data_type=torch.bfloat16)
+    out_r, lse_r = r.run(q, k, v, return_lse=True)
+    ref, ref_lse = _per_request_ref(q, k, v, qo, kv, causal=True)
+    _close(out, ref, torch.bfloat16)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+    torch.testing.assert_close(out, out_r, rtol=0, atol=0)  # same plan, same kernel math
+
+
+def test_batch_custom_mask_and_window():
+    qo, kv = [5, 127, 0, 64], [40, 127, 9, 700]
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=4)
+    masks = [testing.rand((a, b), seed=i) > 0.3 for i, (a, b) in enumerate(zip(qo, kv))]
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, custom_mask=torch.cat([m.flatten() for m in masks]).cuda(),
+           q_data_type=torch.bfloat16)
+    out = w.run(q, k, v)
+    a, c = 0, 0
+    for (lq, lk), m in zip(zip(qo, kv), masks):
+        if lq:
+            _close(out[a:a + lq], attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], custom_mask=m), torch.bfloat16)
+        a, c = a + lq, c + lk
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, causal=True, window_left=33, logits_soft_cap=30.0,
+           q_data_type=torch.bfloat16)
+    out = w.run(q, k, v)
+    ref, _ = _per_request_ref(q, k, v, qo, kv, causal=True, window_left=33, logits_soft_cap=30.0)
+    _close(out, ref, torch.bfloat16)
+
+
+def test_paged_cuda_graph_replays_a_new_plan():
+    ps, hq, hkv, d = 16, 8, 2, 128
+    qo1, kv1 = [7, 100, 1], [30, 400, 2000]
+    qo2, kv2 = [50, 1, 9], [60, 3000, 9]
+    n_q, n_pages = 200, 400
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    bufs = dict(qo_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
+                paged_kv_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buf=torch.zeros(n_pages, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buf=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    w = BatchPrefillWithPagedKVCacheWrapper(ws, use_cuda_graph=True, backend="fa2", **bufs)
+    q_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
+    out_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
+
+    def setup(qo, kv, seed):
+        q, k, v = _qkv(sum(qo), sum(kv), hq, hkv, d, d, torch.bfloat16, seed)
+        cache, indptr, indices, last = _paged(kv, k, v, ps, "NHD", seed)
+        qo_pad = qo[:-1] + [qo[-1] + n_q - sum(qo)]  # pad the last request to the fixed q size
+        w.plan(_indptr(qo_pad), indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type=torch.bfloat16)
+        q_buf.zero_()
+        q_buf[:sum(qo)] = q
+        return q, k, v, cache
+
+    q, k, v, cache = setup(qo1, kv1, 1)
+    kc, vc = cache
+    kbuf, vbuf = torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda"), torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda")
+    kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q_buf, (kbuf, vbuf), out=out_buf)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        w.run(q_buf, (kbuf, vbuf), out=out_buf)
+    for qo, kv, seed in ((qo1, kv1, 1), (qo2, kv2, 2)):
+        q, k, v, (kc, vc) = setup(qo, kv, seed)
+        kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
+        g.replay()
+        torch.cuda.synchronize()
+        ref, _ = _per_request_ref(q, k, v, qo, kv, causal=True)
+        _close(out_buf[:sum(qo)], ref, torch.bfloat16, f"replay {seed}: ")
+
+
+def test_deterministic():
+    q, k, v = _qkv(1000, 4097, 8, 2, 128, 128, torch.bfloat16, seed=9)
+    a = single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")
+    b = single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")
+    assert torch.equal(a, b)
