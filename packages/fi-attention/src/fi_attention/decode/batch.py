@@ -302,6 +302,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                 or not lse.is_contiguous()):
             raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor, "
                              f"got {lse.dtype} {tuple(lse.shape)}")
+        if knobs.check_inputs():
+            self._check_pages(kv.num_pages)
         if self._impl != "cuda" or q.device.type != "cuda":
             self._run_reference(q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse)
         else:
@@ -311,8 +313,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def _launch(self, q, kv, sm_mul, ks, vs, wl, out, lse):
         if q.stride(-1) != 1 or q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
             raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {q.stride()}")
-        if knobs.check_inputs():
-            self._check_pages(kv.num_pages)
         a = self._args
         a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), q.stride(0), q.stride(1)
         a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head) = kv.k_ptr(), kv.k_strides
@@ -327,7 +327,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise self._mod.error(rc, "fi_batch_decode")
 
     def _check_pages(self, num_pages: int) -> None:
-        used = self._d_indices[: int(self._h_indptr[-1])] if self._batch else self._d_indices[:0]
+        table = self._d_indices if self._impl == "cuda" else self._indices_in
+        used = table[: int(self._h_indptr[-1])] if self._batch else table[:0]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
             raise InputError(f"page indices must be in [0, {num_pages}) (the cache's page count), "
                              f"got min {int(used.min())} max {int(used.max())}")

@@ -1,0 +1,106 @@
+"""Split-KV planner properties (pure Python, CPU)."""
+
+import numpy as np
+import pytest
+
+from fi_attention.decode.planner import (MIN_CHUNK_TOKENS, kv_lengths, max_items, plan_decode)
+
+SM, CTAS = 132, 4
+
+
+def _check_cover(plan, lens):
+    """Every token of every request is covered exactly once, chunks are contiguous and ordered."""
+    work = plan.work
+    assert work.shape == (plan.num_items, 4)
+    slots = []
+    for b, n in enumerate(lens):
+        items = work[work[:, 0] == b]
+        assert len(items) >= 1, f"request {b} has no work item"
+        assert items[0, 1] == 0 and items[-1, 2] == n
+        assert np.all(items[1:, 1] == items[:-1, 2]), "chunks must tile the request"
+        assert np.all(items[:, 2] >= items[:, 1])
+        lo, hi = plan.merge_indptr[b], plan.merge_indptr[b + 1]
+        if len(items) == 1:
+            assert items[0, 3] == -1 and hi == lo, "an unsplit request writes the output directly"
+        else:
+            assert list(items[:, 3]) == list(range(lo, hi))
+            slots += list(items[:, 3])
+            if plan.chunk:
+                sizes = items[:, 2] - items[:, 1]
+                assert np.all(sizes[:-1] == plan.chunk) and 0 < sizes[-1] <= plan.chunk
+    assert sorted(slots) == list(range(plan.num_slots))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_batches_are_covered_exactly_once(seed):
+    rng = np.random.default_rng(seed)
+    batch = int(rng.integers(1, 300))
+    lens = rng.integers(0, 20000, size=batch)
+    units = int(rng.choice([1, 2, 8, 32]))
+    plan = plan_decode(lens, kv_units=units, sm_count=SM, ctas_per_sm=CTAS)
+    _check_cover(plan, lens)
+    if plan.split:  # a split plan stays within about one wave of CTAs, plus one tail per request
+        assert plan.num_items <= max_items(batch, units, SM, CTAS)
+
+
+def test_large_batch_is_not_split():
+    plan = plan_decode(np.full(128, 8192), kv_units=8, sm_count=SM, ctas_per_sm=CTAS)
+    assert not plan.split and plan.num_items == 128 and plan.num_slots == 0
+
+
+def test_single_long_request_fills_the_gpu():
+    plan = plan_decode(np.array([32768]), kv_units=8, sm_count=SM, ctas_per_sm=CTAS)
+    assert plan.split
+    ctas = plan.num_items * 8
+    assert SM * CTAS * 0.75 <= ctas <= SM * CTAS * 1.25, ctas
+    _check_cover(plan, [32768])
+
+
+def test_medium_batch_split_is_balanced():
+    lens = np.full(16, 8192)
+    plan = plan_decode(lens, kv_units=8, sm_count=SM, ctas_per_sm=CTAS)
+    assert plan.split and plan.chunk % 16 == 0
+    sizes = plan.work[:, 2] - plan.work[:, 1]
+    assert sizes.max() == plan.chunk and sizes.min() > 0
+    _check_cover(plan, lens)
+
+
+def test_short_requests_are_never_split():
+    lens = np.array([1, 15, 97, MIN_CHUNK_TOKENS])
+    plan = plan_decode(lens, kv_units=1, sm_count=SM, ctas_per_sm=CTAS)
+    assert not plan.split
+    _check_cover(plan, lens)
+
+
+def test_disable_split_kv():
+    plan = plan_decode(np.array([32768, 5]), kv_units=8, sm_count=SM, ctas_per_sm=CTAS,
+                       disable_split_kv=True)
+    assert not plan.split and plan.num_items == 2
+
+
+def test_fixed_split_size():
+    lens = np.array([1000, 64, 0])
+    plan = plan_decode(lens, kv_units=8, sm_count=SM, ctas_per_sm=CTAS, fixed_split_size=128)
+    assert plan.chunk == 128
+    assert plan.num_items == 8 + 1 + 1
+    _check_cover(plan, lens)
+
+
+def test_capacity_is_respected_and_too_small_capacity_raises():
+    lens = np.full(4, 30000)
+    cap = max_items(4, 8, SM, CTAS)
+    plan = plan_decode(lens, kv_units=8, sm_count=SM, ctas_per_sm=CTAS, capacity=cap)
+    assert plan.num_items <= cap
+    with pytest.raises(ValueError, match="CUDA-graph"):
+        plan_decode(lens, kv_units=8, sm_count=SM, ctas_per_sm=CTAS, fixed_split_size=16, capacity=cap)
+
+
+def test_kv_lengths():
+    indptr = np.array([0, 3, 3, 4], dtype=np.int32)
+    last = np.array([5, 9, 16], dtype=np.int32)
+    assert kv_lengths(indptr, last, 16).tolist() == [37, 0, 16]
+
+
+def test_empty_batch():
+    plan = plan_decode(np.zeros(0, dtype=np.int64), kv_units=8, sm_count=SM, ctas_per_sm=CTAS)
+    assert plan.num_items == 0 and plan.merge_indptr.tolist() == [0]

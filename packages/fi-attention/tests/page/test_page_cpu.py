@@ -1,0 +1,82 @@
+"""CPU tests of page management: formulas against loops, append on the CPU backend, validation."""
+
+import pytest
+import torch
+
+from fi_core import testing
+from fi_core.errors import InputError, InputTypeError
+from fi_attention import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+
+
+def test_get_seq_lens_matches_loop():
+    indptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    last = torch.tensor([2, 1, 16, 7], dtype=torch.int32)
+    want = [max(int(indptr[i + 1] - indptr[i]) - 1, 0) * 16 + int(last[i]) for i in range(4)]
+    assert get_seq_lens(indptr, last, 16).tolist() == want
+
+
+def test_batch_indices_positions_match_loop():
+    append_indptr = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 4, 5, 1], dtype=torch.int32)
+    b, p = get_batch_indices_positions(append_indptr, seq_lens, 9)
+    wb, wp = [], []
+    for r in range(4):
+        n = int(append_indptr[r + 1] - append_indptr[r])
+        for j in range(n):
+            wb.append(r)
+            wp.append(int(seq_lens[r]) - n + j)
+    assert b.tolist() == wb and p.tolist() == wp
+    assert b.dtype == torch.int32 and p.dtype == torch.int32
+
+
+def _table(lens, ps, total_pages, seed=0):
+    pages = [-(-n // ps) for n in lens]
+    perm = torch.randperm(total_pages, generator=torch.Generator().manual_seed(seed))[: sum(pages)]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, pages)], dtype=torch.int32)
+    return perm.to(torch.int32), indptr, last
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_cpu_matches_loop(layout):
+    ps, H, D = 4, 2, 8
+    seq_lens = [6, 1, 9]
+    appended = [2, 1, 5]
+    indices, indptr, last = _table(seq_lens, ps, 12)
+    shape = (12, 2, ps, H, D) if layout == "NHD" else (12, 2, H, ps, D)
+    cache = testing.randn(shape, torch.float16, seed=3)
+    before = cache.clone()
+    append_indptr = torch.tensor([0, 2, 3, 8], dtype=torch.int32)
+    nnz = 8
+    key = testing.randn((nnz, H, D), torch.float16, seed=4)
+    val = testing.randn((nnz, H, D), torch.float16, seed=5)
+    b, p = get_batch_indices_positions(append_indptr, torch.tensor(seq_lens, dtype=torch.int32), nnz)
+    append_paged_kv_cache(key, val, b, p, cache, indices, indptr, last, layout)
+    expect = before.clone()
+    for i in range(nnz):
+        r, pos = int(b[i]), int(p[i])
+        page = int(indices[int(indptr[r]) + pos // ps])
+        for h in range(H):
+            if layout == "NHD":
+                expect[page, 0, pos % ps, h] = key[i, h]
+                expect[page, 1, pos % ps, h] = val[i, h]
+            else:
+                expect[page, 0, h, pos % ps] = key[i, h]
+                expect[page, 1, h, pos % ps] = val[i, h]
+    assert torch.equal(cache, expect)
+    assert sum(appended) == nnz
+
+
+def test_append_validation():
+    indices, indptr, last = _table([4], 4, 2)
+    cache = torch.zeros(2, 2, 4, 2, 8, dtype=torch.float16)
+    key = torch.zeros(1, 2, 8, dtype=torch.float16)
+    bi = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(InputTypeError, match="dtype"):
+        append_paged_kv_cache(key.float(), key, bi, bi, cache, indices, indptr, last)
+    with pytest.raises(InputError, match=r"\[nnz, 2, 8\]"):
+        append_paged_kv_cache(key[:, :1], key, bi, bi, cache, indices, indptr, last)
+    with pytest.raises(InputTypeError, match="int32"):
+        append_paged_kv_cache(key, key, bi.long(), bi, cache, indices, indptr, last)
+    with pytest.raises(InputError, match="nnz"):
+        append_paged_kv_cache(key, key, torch.zeros(2, dtype=torch.int32), bi, cache, indices, indptr, last)
