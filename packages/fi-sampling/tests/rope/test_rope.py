@@ -249,3 +249,14 @@ def test_check_inputs_catches_bad_indices():
         with pytest.raises(InputError, match=r"positions must be in \[0, 8\)"):
             rope.apply_rope_with_cos_sin_cache(torch.tensor([0, 1, 2, 3, 8]), q.reshape(5, -1),
                                                k.reshape(5, -1), 64, torch.zeros(8, 64))
+
+
+def test_cos_sin_cache_accepts_3d_heads():
+    q, k = _qk(nnz=4, hq=3, hk=1, d=64)
+    cache = testing.randn((8, 64), torch.float32, seed=6)
+    pos = torch.tensor([1, 2, 3, 7])
+    qo, ko = rope.apply_rope_with_cos_sin_cache(pos, q, k, 64, cache)
+    ref = rope_reference(q, k, pos_ids=pos, cos_sin_cache=cache)
+    assert qo.shape == q.shape and torch.equal(qo, ref[0]) and torch.equal(ko, ref[1])
+    with pytest.raises(InputError, match="or \\[nnz, num_heads, head_size\\]"):
+        rope.apply_rope_with_cos_sin_cache(pos, q, k, 32, cache[:, :32])

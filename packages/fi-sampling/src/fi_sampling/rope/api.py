@@ -238,13 +238,16 @@ def _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, inpl
 
 
 def _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inplace):
-    _check_qk(query, key, ndim=2)
+    checks.ndim("query", query, (2, 3))
+    _check_qk(query, key, ndim=query.dim())
     if not isinstance(head_size, int) or head_size <= 0:
         raise InputError(f"head_size must be a positive int, got {head_size!r}")
     for name, t in (("query", query), ("key", key)):
-        if t.shape[1] % head_size != 0 or t.shape[1] == 0:
-            raise InputError(f"{name} must have shape [nnz, num_heads * head_size={head_size}], "
-                             f"got {tuple(t.shape)}")
+        ok = (t.shape[2] == head_size if t.dim() == 3
+              else t.shape[1] > 0 and t.shape[1] % head_size == 0)
+        if not ok:
+            raise InputError(f"{name} must have shape [nnz, num_heads * head_size={head_size}] "
+                             f"(or [nnz, num_heads, head_size]), got {tuple(t.shape)}")
     _check_index("positions", positions, query.shape[0], query.device)
     checks.dtype("cos_sin_cache", cos_sin_cache, (torch.float32,))
     checks.ndim("cos_sin_cache", cos_sin_cache, (2,))
@@ -260,7 +263,8 @@ def _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inp
         if lo < 0 or hi >= cos_sin_cache.shape[0]:
             raise InputError(f"positions must be in [0, {cos_sin_cache.shape[0]}), got [{lo}, {hi}]")
     return _run(query, key, inplace, pos_ids=positions, cos_sin_cache=cos_sin_cache,
-                head_size=head_size, rotary_dim=rd, interleave=not is_neox)
+                head_size=head_size if query.dim() == 2 else 0, rotary_dim=rd,
+                interleave=not is_neox)
 
 
 
@@ -406,7 +410,8 @@ def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cach
         ``[nnz]`` int32/int64 row of the cache for each token; rows outside
         ``[0, max_pos)`` give NaN on the GPU (``FI_CHECK_INPUTS=1`` raises instead).
     query, key : torch.Tensor
-        ``[nnz, num_heads * head_size]`` float16/bfloat16, contiguous last dim (row stride free).
+        ``[nnz, num_heads * head_size]`` float16/bfloat16, contiguous last dim (row stride free);
+        ``[nnz, num_heads, head_size]`` is accepted too. Outputs keep the input's shape.
     head_size : int
     cos_sin_cache : torch.Tensor
         ``[max_pos, rotary_dim]`` float32, contiguous: cos in the first half, sin in the second.
