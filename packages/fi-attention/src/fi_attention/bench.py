@@ -2,3 +2,4 @@
 routine module)."""
 
 from . import bench_prefill  # noqa: F401
+from . import bench_decode  # noqa: F401

@@ -102,38 +102,40 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     scale = (1.0 / math.sqrt(d)) if sm_scale is None else float(sm_scale)
     if k_scale is not None:
         scale *= float(k_scale)
-    qf, kf, vf = q.float(), k.float(), v.float()
+    dev = q.device  # computed where q lives: fp32 on the GPU keeps large GPU tests fast
+    qf, kf, vf = q.float(), k.to(dev).float(), v.to(dev).float()
     q0 = (lkv - lq) if q_offset is None else int(q_offset)
-    qpos = torch.arange(lq, dtype=torch.int64) + q0
-    kpos = torch.arange(lkv, dtype=torch.int64)
+    qpos = torch.arange(lq, dtype=torch.int64, device=dev) + q0
+    kpos = torch.arange(lkv, dtype=torch.int64, device=dev)
     if pos_encoding_mode == "ROPE_LLAMA":
         qf = rope_llama(qf, qpos, rope_scale, rope_theta)
         kf = rope_llama(kf, kpos, rope_scale, rope_theta)
-    kf = kf.cpu().repeat_interleave(group, dim=1) if group > 1 else kf.cpu()
-    vf = vf.cpu().repeat_interleave(group, dim=1) if group > 1 else vf.cpu()
-    s = torch.einsum("qhd,khd->hqk", qf.cpu(), kf) * scale  # [Hq, Lq, Lkv]
+    if group > 1:
+        kf = kf.repeat_interleave(group, dim=1)
+        vf = vf.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale  # [Hq, Lq, Lkv]
     if logits_soft_cap is not None and logits_soft_cap > 0:
         s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     if alibi or pos_encoding_mode == "ALIBI":
         rel = (kpos[None, :] - qpos[:, None]).float()
-        s = s + alibi_slopes(hq)[:, None, None] * rel[None]
-    keep = torch.ones(lq, lkv, dtype=torch.bool)
+        s = s + alibi_slopes(hq).to(dev)[:, None, None] * rel[None]
+    keep = torch.ones(lq, lkv, dtype=torch.bool, device=dev)
     if causal:
         keep &= kpos[None, :] <= qpos[:, None]
     if window_left is not None and window_left >= 0:
         keep &= kpos[None, :] >= qpos[:, None] - window_left
     if custom_mask is not None:
-        keep &= custom_mask.cpu().bool()
+        keep &= custom_mask.to(dev).bool()
     s = s.masked_fill(~keep[None], float("-inf"))
     lse_e = torch.logsumexp(s, dim=-1)  # [Hq, Lq]; -inf for fully masked rows
     p = torch.exp(s - torch.where(torch.isinf(lse_e), torch.zeros_like(lse_e), lse_e)[..., None])
     out = torch.einsum("hqk,khd->qhd", p, vf)
     if v_scale is not None:
         out = out * float(v_scale)
-    out = out.to(device=q.device, dtype=q.dtype)
+    out = out.to(dtype=q.dtype)
     if not return_lse:
         return out
-    lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous().to(q.device)
+    lse = (lse_e / math.log(2.0)).transpose(0, 1).contiguous()
     return out, lse
 
 

@@ -1,0 +1,145 @@
+"""Benchmark routines for decode: ``BatchDecodeWithPagedKVCacheWrapper`` (the TARGETS.md decode
+table, fp8 included) and ``single_decode_with_kv_cache``, each with torch SDPA on pre-gathered
+contiguous KV as the baseline in the same run (the gather is not timed), plus host-side run() and
+plan() times in the rows' ``extra``.
+
+    python3 -m flashinfer bench --routine BatchDecodeWithPagedKVCacheWrapper
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fi_core import testing
+from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn, time_host
+
+from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+                     single_decode_with_kv_cache)
+from .reference import attention_reference, gather_paged_kv
+
+# (label, batch, kv_len, num_qo_heads, num_kv_heads, kv dtype, target_us) from shared/TARGETS.md
+BATCH_CONFIGS = [
+    ("GQA 32/8 b128 kv8192", 128, 8192, 32, 8, torch.bfloat16, 900.0),
+    ("GQA 32/8 b64 kv4096", 64, 4096, 32, 8, torch.bfloat16, 240.0),
+    ("GQA 32/8 b16 kv8192", 16, 8192, 32, 8, torch.bfloat16, 125.0),
+    ("GQA 32/8 b256 kv2048", 256, 2048, 32, 8, torch.bfloat16, 480.0),
+    ("GQA 32/8 b1 kv32768", 1, 32768, 32, 8, torch.bfloat16, 35.0),
+    ("MHA 32/32 b64 kv4096", 64, 4096, 32, 32, torch.bfloat16, 930.0),
+    ("fp8e4m3 GQA 32/8 b128 kv8192", 128, 8192, 32, 8, torch.float8_e4m3fn, 520.0),
+]
+QUICK = {"GQA 32/8 b64 kv4096", "GQA 32/8 b1 kv32768", "fp8e4m3 GQA 32/8 b128 kv8192"}
+PAGE, D = 16, 128
+
+
+def _tables(batch, kv_len, dev):
+    pages = -(-kv_len // PAGE)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    # pages of different requests interleave, as in a serving engine's allocator
+    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
+    return indptr, indices, last, batch * pages
+
+
+def _check(out, q, cache, indptr, indices, last, requests, k_scale=None, v_scale=None):
+    for b in requests:
+        k, v = gather_paged_kv(cache, indptr, indices, last, b)
+        ref = attention_reference(q[b:b + 1], k, v, k_scale=k_scale, v_scale=v_scale)
+        testing.assert_close(out[b:b + 1], ref, dtype=q.dtype, msg=f"request {b}: ")
+
+
+def _host_times(dev) -> dict:
+    """run() and plan() host cost on a small batch whose GPU work is shorter than the host work."""
+    indptr, indices, last, n_pages = _tables(1, 512, dev)
+    cache = torch.randn(n_pages, 2, PAGE, 8, D, device=dev).to(torch.bfloat16)
+    q = torch.randn(1, 32, D, device=dev).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=dev))
+    w.plan(indptr, indices, last, 32, 8, D, PAGE, q_data_type=torch.bfloat16)
+    run_us = time_host(lambda: w.run(q, cache, out=out), iters=500, warmup=50)
+    return {"run_host_us": round(run_us, 2)}
+
+
+def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:
+    indptr, indices, last = tables
+    return time_host(lambda: w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16,
+                                    kv_data_type=kv_dtype), iters=200, warmup=20)
+
+
+@routine("BatchDecodeWithPagedKVCacheWrapper", family="fi-attention",
+         help="paged batch decode (page 16, NHD, head_dim 128) vs torch SDPA on contiguous KV")
+def batch_decode_routine(args: RoutineArgs):
+    dev = args.device
+    host = _host_times(dev)
+    for label, batch, kv_len, hq, hkv, kv_dtype, target in BATCH_CONFIGS:
+        if args.quick and label not in QUICK:
+            continue
+        indptr, indices, last, n_pages = _tables(batch, kv_len, dev)
+        d_indptr, d_indices, d_last = indptr.to(dev), indices.to(dev), last.to(dev)
+        fp8 = kv_dtype != torch.bfloat16
+        scales = dict(k_scale=0.8, v_scale=1.25) if fp8 else {}
+
+        def make(i):
+            g = torch.Generator(device=dev).manual_seed(100 + i)
+            cache = torch.randn(n_pages, 2, PAGE, hkv, D, device=dev, generator=g).to(kv_dtype)
+            return torch.randn(batch, hq, D, device=dev, generator=g).to(torch.bfloat16), cache
+
+        sets = rotating_inputs(make, dev)
+        w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=dev), d_indptr.clone(), d_indices.clone(),
+            d_last.clone())
+        w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+        out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
+        q0, c0 = sets[0]
+        w.run(q0, c0, out=out, **scales)
+        _check(out, q0, c0, indptr, indices, last, sorted({0, batch // 2, batch - 1}), **scales)
+        ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets)
+        del sets
+        plan_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, indices, last), hq, hkv, kv_dtype)
+
+        baseline = None
+        if not fp8:  # SDPA has no fp8 KV path; the fp8 row is judged against its target
+            def make_dense(i):
+                g = torch.Generator(device=dev).manual_seed(200 + i)
+                k = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
+                v = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
+                return torch.randn(batch, hq, 1, D, device=dev, generator=g).to(torch.bfloat16), k, v
+
+            dense = rotating_inputs(make_dense, dev)
+            sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), dense)
+            baseline = ("torch SDPA (contiguous KV)", sdpa)
+            del dense
+        kv_bytes = batch * kv_len * hkv * D * 2 * torch.empty(0, dtype=kv_dtype).element_size()
+        qo_bytes = 2 * batch * hq * D * 2
+        yield BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
+                       baseline=baseline, target_us=target, backend="cuda",
+                       extra={**host, "plan_host_us": round(plan_us, 2), "split_kv": w._plan.split,
+                              "work_items": w._plan.num_items})
+        torch.cuda.empty_cache()
+
+
+@routine("single_decode_with_kv_cache", family="fi-attention",
+         help="single-request decode, kv 32768, GQA 32/8, head_dim 128 vs torch SDPA")
+def single_decode_routine(args: RoutineArgs):
+    dev = args.device
+    kv_len, hq, hkv = 32768, 32, 8
+
+    def make(i):
+        g = torch.Generator(device=dev).manual_seed(300 + i)
+        k = torch.randn(kv_len, hkv, D, device=dev, generator=g).to(torch.bfloat16)
+        v = torch.randn(kv_len, hkv, D, device=dev, generator=g).to(torch.bfloat16)
+        return torch.randn(hq, D, device=dev, generator=g).to(torch.bfloat16), k, v
+
+    sets = rotating_inputs(make, dev)
+    q, k, v = sets[0]
+    testing.assert_close(single_decode_with_kv_cache(q, k, v), attention_reference(q[None], k, v)[0],
+                         dtype=torch.bfloat16)
+    ours = time_fn(lambda q, k, v: single_decode_with_kv_cache(q, k, v), sets)
+    dense = [(q[None, :, None], k.permute(1, 0, 2)[None].contiguous(), v.permute(1, 0, 2)[None].contiguous())
+             for q, k, v in sets]
+    sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), dense)
+    host_us = time_host(lambda: single_decode_with_kv_cache(q, k, v), iters=300, warmup=30)
+    yield BenchRow("single_decode_with_kv_cache", f"GQA 32/8 kv{kv_len}", ours,
+                   bytes=kv_len * hkv * D * 2 * 2, baseline=("torch SDPA", sdpa), target_us=35.0,
+                   backend="cuda", extra={"host_us": round(host_us, 2)})

@@ -1,0 +1,259 @@
+"""GPU tests of batch and single decode against the fp32 reference.
+
+Grids are reduced: the batch x kv_len x page_size grid runs on the main config (bf16, 32/8 heads,
+head_dim 128, NHD); every other feature (head dims, group sizes, dtypes, layouts, cache forms,
+soft cap, window, ALiBi, RoPE, LSE, CUDA graphs) runs on one or two mid-size shapes that still
+exercise split-KV (a long request in a small batch) and the unsplit path.
+"""
+
+import pytest
+import torch
+
+from fi_core import testing
+from fi_core.errors import InputError
+from fi_attention import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+                          single_decode_with_kv_cache)
+from fi_attention.reference import attention_reference, batch_decode_reference, gather_paged_kv
+
+pytestmark = testing.gpu_only()
+DEV = "cuda"
+LSE_TOL = dict(dtype=torch.float32, atol=2e-3, rtol=1e-3)
+
+
+def make_batch(lens, page_size, hkv, d, dtype=torch.bfloat16, layout="NHD", seed=0, tuple_cache=False,
+               spare_pages=5):
+    """A shuffled page table (pages of different requests interleave) and a random cache."""
+    pages = [max(1, -(-n // page_size)) for n in lens]
+    total = sum(pages) + spare_pages
+    perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[: sum(pages)]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)], dtype=torch.int32)
+    shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
+    cache = testing.randn(shape, torch.float32, DEV, seed=seed + 1).to(dtype)
+    if tuple_cache:
+        cache = (cache[:, 0].clone(), cache[:, 1].clone())
+    return cache, indptr, perm.to(torch.int32), last
+
+
+def lengths(batch, kv_len, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, kv_len + 1, (batch,), generator=g).tolist()
+    lens[-1] = kv_len
+    return lens
+
+
+def run_decode(lens, ps, hq, hkv, d, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, layout="NHD",
+               tuple_cache=False, plan_kw=None, run_kw=None, ref_kw=None, host_tables=True, seed=0):
+    cache, indptr, indices, last = make_batch(lens, ps, hkv, d, kv_dtype, layout, seed, tuple_cache)
+    q = testing.randn((len(lens), hq, d), q_dtype, DEV, seed=seed + 7)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, layout)
+    tables = (indptr, indices, last) if host_tables else (indptr.to(DEV), indices.to(DEV), last.to(DEV))
+    w.plan(*tables, hq, hkv, d, ps, q_data_type=q_dtype, kv_data_type=kv_dtype, **(plan_kw or {}))
+    out = testing.empty_poisoned(q.shape, q_dtype, DEV)
+    lse = testing.empty_poisoned((len(lens), hq), torch.float32, DEV)
+    w.run(q, cache, out=out, lse=lse, **(run_kw or {}))
+    ro, rl = batch_decode_reference(q, cache, indptr, indices, last, layout, return_lse=True, **(ref_kw or {}))
+    return out, lse, ro, rl, w
+
+
+# batch x kv_len x page_size on the main config. batch 128 uses a shorter maximum length (its
+# requests are random lengths up to kv_len; 128 x 16384 x page 1 adds nothing the others miss).
+GRID = [(b, n, ps) for b in (1, 7, 128) for n in (1, 15, 97, 2048, 16384) for ps in (1, 16)
+        if not (b == 128 and n == 16384)]
+
+
+@pytest.mark.parametrize("batch,kv_len,page_size", GRID)
+def test_batch_decode_grid(batch, kv_len, page_size):
+    lens = lengths(batch, kv_len, seed=batch + kv_len)
+    out, lse, ro, rl, _ = run_decode(lens, page_size, 32, 8, 128)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 4), (32, 4), (32, 2), (12, 2), (7, 1)])
+def test_head_dims_and_groups(d, hq, hkv):
+    lens = [3000, 17, 1]  # one split request, two direct ones
+    out, lse, ro, rl, _ = run_decode(lens, 16, hq, hkv, d, q_dtype=torch.float16, kv_dtype=torch.float16)
+    testing.assert_close(out, ro, dtype=torch.float16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_fp8_kv_with_scales(kv_dtype, q_dtype):
+    lens = [5000, 333, 2]
+    ks, vs = 0.7, 1.9
+    out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                     run_kw=dict(k_scale=ks, v_scale=vs),
+                                     ref_kw=dict(k_scale=ks, v_scale=vs))
+    testing.assert_close(out, ro, dtype=q_dtype)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("tuple_cache", [False, True])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_layouts_and_cache_forms(layout, tuple_cache, page_size):
+    lens = [1200, 40, 7, 1]
+    out, lse, ro, rl, _ = run_decode(lens, page_size, 16, 2, 128, layout=layout, tuple_cache=tuple_cache,
+                                     host_tables=False)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+def test_non_contiguous_cache_view():
+    lens = [900, 33]
+    cache, indptr, indices, last = make_batch(lens, 16, 8, 128)
+    view = cache[:, :, :, 2:6]  # 4 of 8 kv heads: page/token strides of the full cache
+    q = testing.randn((2, 16, 128), torch.bfloat16, DEV, seed=3)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, 16, 4, 128, 16, q_data_type=torch.bfloat16)
+    out = w.run(q, view)
+    ref = batch_decode_reference(q, view, indptr, indices, last)
+    testing.assert_close(out, ref, dtype=torch.bfloat16)
+
+
+OPTIONS = [
+    ("softcap", dict(logits_soft_cap=30.0), dict(logits_soft_cap=30.0)),
+    ("window", dict(window_left=100), dict(window_left=100)),
+    ("alibi", dict(pos_encoding_mode="ALIBI"), dict(pos_encoding_mode="ALIBI")),
+    ("rope", dict(pos_encoding_mode="ROPE_LLAMA"), dict(pos_encoding_mode="ROPE_LLAMA")),
+    ("rope_scaled", dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5),
+     dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5)),
+    ("sm_scale", dict(sm_scale=0.05), dict(sm_scale=0.05)),
+]
+
+
+@pytest.mark.parametrize("name,plan_kw,ref_kw", OPTIONS, ids=[o[0] for o in OPTIONS])
+def test_attention_options(name, plan_kw, ref_kw):
+    lens = [2048, 150, 1]
+    out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, plan_kw=plan_kw, ref_kw=ref_kw)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+def test_window_left_at_run_overrides_plan():
+    lens = [700, 64]
+    out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, run_kw=dict(window_left=31),
+                                     ref_kw=dict(window_left=31))
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("split", ["auto", "disabled", "fixed"])
+def test_split_modes_agree(split):
+    lens = [9000, 4000, 1]
+    kw = {"auto": {}, "disabled": dict(disable_split_kv=True), "fixed": dict(fixed_split_size=7)}[split]
+    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=kw)
+    assert w._plan.split == (split != "disabled")
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+def test_return_values_and_allocation():
+    lens = [100, 5]
+    cache, indptr, indices, last = make_batch(lens, 16, 8, 128)
+    q = testing.randn((2, 32, 128), torch.bfloat16, DEV, seed=1)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    w.begin_forward(indptr, indices, last, 32, 8, 128, 16, data_type=torch.bfloat16)
+    o1 = w.run(q, cache)
+    o2, l2 = w.run(q, cache, return_lse=True)
+    o3 = w.forward(q, cache)
+    assert torch.equal(o1, o2) and torch.equal(o1, o3) and l2.shape == (2, 32)
+    w.end_forward()
+
+
+def test_batch_equals_single_decode_per_request():
+    lens = [4096, 77, 1]
+    cache, indptr, indices, last = make_batch(lens, 16, 8, 128, seed=4)
+    q = testing.randn((3, 32, 128), torch.bfloat16, DEV, seed=5)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    out, lse = w.run(q, cache, return_lse=True)
+    for b in range(3):
+        k, v = gather_paged_kv(cache, indptr, indices, last, b)
+        so, sl = single_decode_with_kv_cache(q[b], k, v, return_lse=True)
+        testing.assert_close(out[b], so, dtype=torch.bfloat16)
+        testing.assert_close(lse[b], sl, **LSE_TOL)
+
+
+@pytest.mark.parametrize("kv_len", [1, 97, 32768])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_decode(kv_len, layout):
+    q = testing.randn((32, 128), torch.bfloat16, DEV, seed=1)
+    k = testing.randn((kv_len, 8, 128), torch.bfloat16, DEV, seed=2)
+    v = testing.randn((kv_len, 8, 128), torch.bfloat16, DEV, seed=3)
+    kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+    o, lse = single_decode_with_kv_cache(q, kk, vv, kv_layout=layout, return_lse=True)
+    ro, rl = attention_reference(q[None], k, v, return_lse=True)
+    testing.assert_close(o, ro[0], dtype=torch.bfloat16)
+    testing.assert_close(lse, rl[0], **LSE_TOL)
+
+
+def test_single_decode_options_and_fp8():
+    q = testing.randn((32, 128), torch.float16, DEV, seed=1)
+    k = testing.randn((3000, 4, 128), torch.float32, DEV, seed=2).to(torch.float8_e4m3fn)
+    v = testing.randn((3000, 4, 128), torch.float32, DEV, seed=3).to(torch.float8_e4m3fn)
+    kw = dict(pos_encoding_mode="ROPE_LLAMA", logits_soft_cap=20.0, window_left=1000)
+    o = single_decode_with_kv_cache(q, k, v, k_scale=0.5, v_scale=2.0, **kw)
+    ro = attention_reference(q[None], k, v, k_scale=0.5, v_scale=2.0, **kw)
+    testing.assert_close(o, ro[0], dtype=torch.float16)
+
+
+def _graph_tables(lens, ps, max_pages, seed):
+    pages = [-(-n // ps) for n in lens]
+    perm = torch.randperm(max_pages, generator=torch.Generator().manual_seed(seed))[: sum(pages)]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, pages)], dtype=torch.int32)
+    return indptr, perm.to(torch.int32), last
+
+
+def test_cuda_graph_replay_after_replan():
+    ps, hq, hkv, d, max_pages = 16, 32, 8, 128, 2048
+    cache = testing.randn((max_pages, 2, ps, hkv, d), torch.bfloat16, DEV, seed=1)
+    q = testing.randn((4, hq, d), torch.bfloat16, DEV, seed=2)
+    indptr_buf = torch.zeros(5, dtype=torch.int32, device=DEV)
+    indices_buf = torch.zeros(max_pages, dtype=torch.int32, device=DEV)
+    last_buf = torch.zeros(4, dtype=torch.int32, device=DEV)
+    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device=DEV), indptr_buf, indices_buf, last_buf)
+    out = torch.empty_like(q)
+    lse = torch.empty(4, hq, dtype=torch.float32, device=DEV)
+    first = _graph_tables([30, 5000, 1, 700], ps, max_pages, seed=3)
+    w.plan(*first, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+    w.run(q, cache, out=out, lse=lse)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, cache, out=out, lse=lse)
+    for seed, lens in ((3, [30, 5000, 1, 700]), (4, [9000, 16, 16, 3]), (5, [1, 1, 1, 20000])):
+        tables = _graph_tables(lens, ps, max_pages, seed)
+        w.plan(*tables, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+        out.fill_(float("nan"))
+        g.replay()
+        ro, rl = batch_decode_reference(q, cache, *tables, return_lse=True)
+        testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"lens {lens}: ")
+        testing.assert_close(lse, rl, **LSE_TOL)
+
+
+def test_capture_without_graph_mode_raises():
+    cache, indptr, indices, last = make_batch([64], 16, 8, 128)
+    q = testing.randn((1, 32, 128), torch.bfloat16, DEV)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    out = torch.empty_like(q)
+    w.run(q, cache, out=out)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(InputError, match="use_cuda_graph"):
+        with torch.cuda.graph(g):
+            w.run(q, cache, out=out)
+
+
+def test_deterministic():
+    lens = [20000, 3]
+    cache, indptr, indices, last = make_batch(lens, 16, 8, 128)
+    q = testing.randn((2, 32, 128), torch.bfloat16, DEV)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    assert torch.equal(w.run(q, cache), w.run(q, cache))
