@@ -210,3 +210,33 @@ def test_prebuilt_dir_is_looked_up_first(cache_dir, tmp_path, monkeypatch):
     (d / "meta.json").write_text(json.dumps({"checksum": cache.sha256_file(so)}))
     path, origin = loader.locate(spec)
     assert origin == "prebuilt" and path == so
+
+
+def test_module_in_world_writable_dir_is_not_loaded(cache_dir, tmp_path):
+    d = tmp_path / "shared-mod"
+    d.mkdir()
+    so = d / "module.so"
+    so.write_bytes(b"\x7fELF x")
+    os.chmod(so, 0o700)
+    (d / "meta.json").write_text(json.dumps({"checksum": cache.sha256_file(so)}))
+    assert cache.verify(d)[0]
+    os.chmod(d, 0o777)
+    ok, why = cache.verify(d)
+    assert not ok and "writable by group/others" in why
+    os.chmod(d, 0o700)
+    os.chmod(so, 0o766)
+    assert not cache.verify(d)[0]
+
+
+@needs_nvcc
+def test_aot_build_prebuilt_layout(cache_dir, tmp_path):
+    from fi_core.aot import build_prebuilt
+    from fi_core.registry import Backend, OpInfo, register_op
+    from fi_core.selftest import selftest_spec
+
+    register_op(OpInfo("aot_unit_op", family="fi-core", backends=(Backend("cuda"),),
+                       specs=lambda arch: [selftest_spec(arch)]))
+    out = build_prebuilt("fi_core", tmp_path / "_prebuilt", archs=["8.0"], jobs=2)
+    spec = selftest_spec(Arch.parse("8.0"))
+    assert [p.name for p in out] == [spec.prebuilt_dirname]
+    assert cache.verify(out[0])[0]

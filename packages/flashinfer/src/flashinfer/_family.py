@@ -35,7 +35,7 @@ def reexport(namespace: dict, dist: str, module: str, extra: Optional[dict] = No
         namespace["__all__"] = []
         return False
     mod: ModuleType = importlib.import_module(module)
-    names = list(getattr(mod, "__all__", []))
+    names = [n for n in getattr(mod, "__all__", []) if not n.startswith("__")]
     for n in names:
         namespace[n] = getattr(mod, n)
     for alias, target in (extra or {}).items():

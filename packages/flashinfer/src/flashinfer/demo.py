@@ -67,7 +67,7 @@ class Ops:
         if op is None:
             return "fi"
         try:
-            return f"fi:{op.choose(self.device, torch.bfloat16 if self.device.type == 'cuda' else torch.float32).name}"
+            return f"fi:{op.choose(self.device, torch.bfloat16).name}"
         except Exception as exc:  # report, the call itself will raise if it cannot run
             return f"fi (backend choice failed: {exc})"
 
@@ -141,7 +141,7 @@ class PagedCache:
 
 def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
     torch.manual_seed(seed)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16
     ops = Ops(device)
     rmsnorm = ops.get("norm", "rmsnorm", _rmsnorm)
     fused_add_rmsnorm = ops.get("norm", "fused_add_rmsnorm", _fused_add_rmsnorm)

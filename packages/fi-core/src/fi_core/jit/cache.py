@@ -86,6 +86,9 @@ def verify(directory: Path) -> tuple[bool, str]:
         return False, "meta.json missing or unreadable"
     if not so.is_file():
         return False, "module.so missing"
+    dmode = directory.stat().st_mode
+    if dmode & (stat.S_IWGRP | stat.S_IWOTH):
+        return False, f"{directory} is writable by group/others ({stat.filemode(dmode)})"
     mode = so.stat().st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         return False, f"module.so is writable by group/others ({stat.filemode(mode)})"
