@@ -57,6 +57,11 @@ constexpr int kBoxes = kHeadDim / kBoxCols;
 static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;                     // 40*128 + 232*256 <= 64K registers
+// Ping-pong (FA3 "warp scheduler barrier"): the two consumer warpgroups take turns issuing their
+// GEMMs, so one warpgroup's softmax overlaps the other's GEMMs instead of both competing for the
+// tensor cores at once. Barrier ids kSchedBarrier + wg - 1 for wg = 1, 2.
+constexpr bool kPingPong = kHeadDim <= 128;
+constexpr int kSchedBarrier = 1;
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
@@ -136,6 +141,9 @@ FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Named barriers (id 0 is __syncthreads): ping-pong between the two consumer warpgroups.
+FI_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
+FI_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 template <int N> FI_DEVICE void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
 template <int N> FI_DEVICE void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
 
@@ -185,10 +193,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  // Longest tiles first: under causal masking the last query tiles see the most keys.
-  const int m_block = p.num_m_blocks - 1 - int(blockIdx.x);
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
+  // Longest tiles first: under causal masking the last query tiles see the most keys, and the
+  // scheduler launches x fastest, z slowest. Heads fastest also keeps the query heads of one KV
+  // head (GQA) running together, so their K/V tiles hit in L2.
+  const int m_block = p.num_m_blocks - 1 - int(blockIdx.z);
+  const int head = blockIdx.x;
+  const int b = blockIdx.y;
   // Single prefill passes no indptrs: one request of single_qo_len x single_kv_len.
   const bool single = p.qo_indptr == nullptr;
   const int qo_start = single ? 0 : p.qo_indptr[b];
@@ -329,6 +339,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       row_sum[row_of(v)] += e;
     }
   };
+  // Each bracket sync(mine) .. arrive(other's) passes the turn; both warpgroups of a CTA walk the
+  // same KV tiles, so the brackets pair up. WG2 gives WG1 the first turn; WG1 takes the last
+  // pending arrive before exiting so no barrier is left half-arrived.
+  const int wg_c = wg - 1;  // 0 or 1
+  auto sched_sync = [&]() { if (kPingPong) named_sync(kSchedBarrier + wg_c, kConsumerThreads); };
+  auto sched_arrive = [&]() { if (kPingPong) named_arrive(kSchedBarrier + (wg_c ^ 1), kConsumerThreads); };
+  if (kPingPong && wg_c == 1) named_arrive(kSchedBarrier + 0, kConsumerThreads);
+
   auto convert_p = [&]() {
     CUTE_UNROLL
     for (int v = 0; v < size(tSrS) / 2; ++v) p32[v] = pack2(tSrS(2 * v), tSrS(2 * v + 1));
@@ -342,7 +360,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   int it = 0;
   {
     mbar_wait(&ss.full_k[0], 0);
+    sched_sync();
     gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, 0), tSrS);
+    sched_arrive();
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
@@ -355,10 +375,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     const int s_next = (it + 1) % kStages;
     // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
     mbar_wait(&ss.full_k[s_next], ((it + 1) / kStages) & 1);
+    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
+    sched_sync();
     gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
     // ... O += P(n) V(n) is queued behind it.
-    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
     gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+    sched_arrive();
     warpgroup_wait<1>();  // S(n-1) ready; P V still running
     warpgroup_fence_operand(tSrS);
     if (needs_mask(n - 1)) mask_tile(n - 1);
@@ -379,6 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     warpgroup_fence_operand(tOrO);
     mbar_arrive(&ss.empty[s]);
   }
+  if (kPingPong && wg_c == 0) named_sync(kSchedBarrier + 0, kConsumerThreads);
 
   // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE
   float inv[2];
@@ -487,7 +510,8 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
     FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     if (dev >= 0 && dev < 64) smem_set[dev] = true;
   }
-  dim3 grid(p.num_m_blocks, unsigned(num_qo_heads), unsigned(batch));
+  if (num_qo_heads > 65535 || batch > 65535 || p.num_m_blocks > 65535) return cudaErrorInvalidValue;
+  dim3 grid(unsigned(num_qo_heads), unsigned(batch), unsigned(p.num_m_blocks));
   prefill_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   return FI_LAUNCH_STATUS();
 }
