@@ -255,3 +255,22 @@ def test_non_contiguous_rows():
     assert R.top_k_mask(probs, 5)[torch.arange(6), toks.long().cpu()].all()
     testing.assert_close(S.top_k_renorm_probs(probs, 5), R.top_k_renorm_probs(probs.cpu(), 5),
                          dtype=torch.float32)
+
+
+def test_ties_at_the_cutoff_are_kept():
+    # A uniform row: every token ties with the k-th, so top-k keeps all of them (FlashInfer's rule);
+    # this also drives the threshold search through its exact key-space fallback.
+    v = 4096
+    probs = torch.full((2, v), 1.0 / v, device="cuda")
+    testing.assert_close(S.top_k_renorm_probs(probs, 5), probs, dtype=torch.float32)
+    logits = torch.zeros(2, v, device="cuda")
+    assert torch.equal(S.top_k_mask_logits(logits, 5), logits)
+    idx = torch.zeros(20000, dtype=torch.int32, device="cuda")
+    toks = S.top_k_sampling_from_probs(probs, 5, indices=idx, seed=0)
+    assert torch.unique(toks).numel() > 4000  # far more than 5 distinct tokens
+    # Two-level ties: 3 tokens share the top value, the rest tie below; k = 2 keeps the top 3.
+    p = torch.full((1, 1000), 1.0, device="cuda")
+    p[0, [10, 500, 999]] = 5.0
+    p = p / p.sum()
+    out = S.top_k_renorm_probs(p, 2)
+    assert torch.equal((out[0] > 0).nonzero().flatten().cpu(), torch.tensor([10, 500, 999]))
