@@ -101,15 +101,22 @@ def test_validation_messages(call, exc, text):
 
 
 def test_alignment_facts():
-    a = torch.empty(4, 64, dtype=bf16)
-    w = torch.empty(32, 64, dtype=bf16)
-    assert api._k_ok(a.unsqueeze(0), w.unsqueeze(0))
-    a2 = torch.empty(4, 60, dtype=bf16)  # 120-byte rows: not 16-byte aligned
-    w2 = torch.empty(32, 60, dtype=bf16)
-    assert not api._k_ok(a2.unsqueeze(0), w2.unsqueeze(0))
-    out = torch.empty(1, 4, 30, dtype=bf16)  # 60-byte rows
-    assert not api._d_ok(out, None)
-    assert api._d_ok(torch.empty(1, 4, 32, dtype=bf16), None)
+    def facts(a, w, out):
+        a3, w3, o3 = a.unsqueeze(0), w.unsqueeze(0), out.unsqueeze(0)
+        st = api._strides(a3, w3, o3)
+        return api._k_ok(a3, w3, st), api._d_ok(o3, None, st)
+
+    assert facts(torch.empty(4, 64, dtype=bf16), torch.empty(32, 64, dtype=bf16),
+                 torch.empty(4, 32, dtype=bf16)) == (True, True)
+    # 120-byte rows: no 16-byte vector loads, no TMA
+    assert facts(torch.empty(4, 60, dtype=bf16), torch.empty(32, 60, dtype=bf16),
+                 torch.empty(4, 32, dtype=bf16))[0] is False
+    # N = 30: 60-byte output rows, no TMA store
+    assert facts(torch.empty(4, 64, dtype=bf16), torch.empty(30, 64, dtype=bf16),
+                 torch.empty(4, 30, dtype=bf16))[1] is False
+    # M = 1 with an odd stride on the size-1 dimension is still aligned
+    a1 = torch.empty(64, 1, dtype=bf16).T
+    assert facts(a1, torch.empty(32, 64, dtype=bf16), torch.empty(1, 32, dtype=bf16)) == (True, True)
 
 
 def test_gemv_check_reasons():

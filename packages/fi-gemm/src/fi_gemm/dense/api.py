@@ -85,19 +85,37 @@ _OPS = {"mm_bf16": MM_BF16, "bmm_bf16": BMM_BF16, "bmm_fp8": BMM_FP8}
 # ---------------------------------------------------------------------------------------------
 # Destination-passing core
 # ---------------------------------------------------------------------------------------------
-def _k_ok(a: torch.Tensor, w: torch.Tensor) -> bool:
+def _strides(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[int, ...]:
+    """(lda, ldw, ldo, bsa, bsw, bso) in elements. A size-1 dimension's stride is never used to
+    address memory, so it is replaced by the packed value (torch reports arbitrary strides there,
+    which would otherwise fail the alignment checks for no reason)."""
+    L, M, K = a.shape
+    N = w.shape[1]
+    lda = a.stride(1) if M > 1 else K
+    ldw = w.stride(1) if N > 1 else K
+    ldo = out.stride(1) if M > 1 else N
+    bsa = a.stride(0) if L > 1 else M * lda
+    bsw = w.stride(0) if L > 1 else N * ldw
+    bso = out.stride(0) if L > 1 else M * ldo
+    return lda, ldw, ldo, bsa, bsw, bso
+
+
+def _k_ok(a: torch.Tensor, w: torch.Tensor, st: tuple[int, ...]) -> bool:
     """Both operands K-contiguous with 16-byte aligned rows and batches (vector loads / TMA)."""
     v = 16 // a.element_size()
     k = a.shape[-1]
+    lda, ldw, _, bsa, bsw, _ = st
     return (k % v == 0 and (a.stride(-1) == 1 or k == 1) and (w.stride(-1) == 1 or k == 1)
-            and a.stride(-2) % v == 0 and w.stride(-2) % v == 0
-            and a.stride(0) % v == 0 and w.stride(0) % v == 0
+            and lda % v == 0 and ldw % v == 0 and bsa % v == 0 and bsw % v == 0
             and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
 
 
-def _d_ok(out: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+def _d_ok(out: torch.Tensor, bias: Optional[torch.Tensor], st: tuple[int, ...]) -> bool:
+    """Row-major output with 16-byte aligned rows and N (TMA store), 16-byte aligned bias."""
     v = 16 // out.element_size()
-    return (out.stride(-1) == 1 and out.stride(-2) % v == 0 and out.stride(0) % v == 0
+    n = out.shape[-1]
+    _, _, ldo, _, _, bso = st
+    return ((out.stride(-1) == 1 or n == 1) and n % v == 0 and ldo % v == 0 and bso % v == 0
             and out.data_ptr() % 16 == 0 and (bias is None or bias.data_ptr() % 16 == 0))
 
 
@@ -131,7 +149,8 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
     if dev.type != "cuda" or backend == "reference":
         name = "reference"
     else:
-        k_ok, d_ok = _k_ok(a, w), _d_ok(out, bias)
+        st = _strides(a, w, out)
+        k_ok, d_ok = _k_ok(a, w, st), _d_ok(out, bias, st)
         key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, k_ok, d_ok, backend)
         name = _CHOICE.get(key)
         if name is None:
@@ -143,6 +162,7 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
     if name == "reference" or K == 0:
         out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
         return
+    lda, ldw, ldo, bsa, bsw, bso = st
     arch = arch_of(dev)
     stream = current_stream(dev)
     sa = scale_a.data_ptr() if scale_a is not None else None
@@ -151,14 +171,12 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
     if name == "gemv":
         mod = load(gemv_spec(a.dtype, w.dtype, out.dtype, arch))
         mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
-                    a.stride(1), w.stride(1), out.stride(1), a.stride(0), w.stride(0),
-                    out.stride(0), stream)
+                    lda, ldw, ldo, bsa, bsw, bso, stream)
     else:
         mod = load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, shape_class(M, N, L), arch))
         ws, ws_bytes = _workspace(mod, M, N, K, L, dev)
         mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
-                         a.stride(1), w.stride(1), out.stride(1), a.stride(0), w.stride(0),
-                         out.stride(0), ws, ws_bytes, stream)
+                         lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)
 
 
 @torch.library.custom_op("fi_gemm::gemm", mutates_args=("out",))
