@@ -43,7 +43,6 @@ def test_supports_main_case():
     (dict(dtype=torch.float32, kv_dtype=torch.float32), "dtype"),
     (dict(kv_dtype=torch.float8_e4m3fn), "k/v dtype"),
     (dict(custom_mask=True), "mask"),
-    (dict(window_left=128), "window"),
     (dict(logits_soft_cap=30.0), "soft_cap"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
     (dict(paged=True, page_size=16), "paged"),
@@ -55,7 +54,8 @@ def test_supports_gives_reason(kw, word):
 
 def test_unsupported_reason_reads_facts_dict():
     assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16}) is None
-    assert "window" in hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "window_left": 8})
+    assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "window_left": 8}) is None
+    assert "soft_cap" in hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "logits_soft_cap": 5.0})
 
 
 # ---------------------------------------------------------------------------- CPU: validation
@@ -110,16 +110,14 @@ def test_rejects_one_indptr():
                    sm_scale=0.1, max_qo_len=8, batch_size=1)
 
 
-def test_rejects_softcap_and_window():
+def test_rejects_softcap():
     q, k, v, out = _cpu_inputs()
     with pytest.raises(UnsupportedError):
         _call(q, k, v, out, logits_soft_cap=30.0)
-    with pytest.raises(UnsupportedError):
-        _call(q, k, v, out, window_left=16)
 
 
 # ---------------------------------------------------------------------------- GPU
-def _torch_same_precision(q, k, v, causal, sm_scale):
+def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1):
     """Attention by torch at the inputs' precision (S and P rounded to q.dtype, as the kernel's
     P is), on the GPU: the yardstick of the FA3 tolerance."""
     lq, hq, _ = q.shape
@@ -127,16 +125,20 @@ def _torch_same_precision(q, k, v, causal, sm_scale):
     g = hq // hkv
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk).float() * sm_scale
+    qpos = torch.arange(lq, device=q.device)[:, None] + (lkv - lq)
+    kpos = torch.arange(lkv, device=q.device)[None, :]
+    keep = torch.ones(lq, lkv, dtype=torch.bool, device=q.device)
     if causal:
-        qpos = torch.arange(lq, device=q.device)[:, None] + (lkv - lq)
-        keep = torch.arange(lkv, device=q.device)[None, :] <= qpos
-        s = s.masked_fill(~keep[None], float("-inf"))
+        keep &= kpos <= qpos
+    if window_left >= 0:
+        keep &= kpos >= qpos - window_left
+    s = s.masked_fill(~keep[None], float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return torch.einsum("hqk,khd->qhd", p.to(q.dtype), vv)
 
 
 def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse=True, seed=0,
-           strided=False):
+           strided=False, window_left=-1):
     dev = "cuda"
     nq, nkv = sum(qo_lens), sum(kv_lens)
     if strided:  # q/k/v as column slices of wider buffers (token/head strides != dense)
@@ -159,21 +161,21 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
     run_ragged(q, k, v,
                None if single else torch.tensor(qo_ind, dtype=torch.int32, device=dev),
                None if single else torch.tensor(kv_ind, dtype=torch.int32, device=dev),
-               out, lse, causal=causal, sm_scale=scale, max_qo_len=max(qo_lens),
+               out, lse, causal=causal, sm_scale=scale, window_left=window_left, max_qo_len=max(qo_lens),
                batch_size=len(qo_lens))
     torch.cuda.synchronize()
     exact, lowp, ref_lse = [], [], []
     for i in range(len(qo_lens)):
         qs, ks = slice(qo_ind[i], qo_ind[i + 1]), slice(kv_ind[i], kv_ind[i + 1])
         o32, l32 = attention_reference(q[qs].float(), k[ks].float(), v[ks].float(), causal=causal,
-                                       sm_scale=scale, return_lse=True)
+                                       sm_scale=scale, window_left=window_left, return_lse=True)
         exact.append(o32.cpu())
         ref_lse.append(l32.cpu())
-        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale).cpu())
+        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale, window_left).cpu())
     exact, lowp, ref_lse = torch.cat(exact), torch.cat(lowp), torch.cat(ref_lse)
     rounded = exact.to(dtype)
     atol = 2 * (rounded + 0.3 - 0.3 - rounded).abs().max().item()  # dtype rounding near |out|
-    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} {dtype} d={d} hq/hkv={hq}/{hkv}: "
+    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} window={window_left} {dtype} d={d} hq/hkv={hq}/{hkv}: "
     testing.assert_close_to_reference_run(out, lowp, exact, factor=2.0, atol=atol, msg=tag)
     if with_lse:
         testing.assert_close(lse, ref_lse, dtype=torch.float32, atol=2e-3, rtol=1e-3, msg=tag + "lse: ")
@@ -247,3 +249,13 @@ def test_deterministic():
     a, la = _check([1000, 333], [1200, 333], causal=True, seed=17)
     b, lb = _check([1000, 333], [1200, 333], causal=True, seed=17)
     assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("lq, lkv, window", [(1000, 1000, 0), (1000, 1000, 200), (300, 2000, 700), (2000, 2000, 127)])
+def test_sliding_window(lq, lkv, window, causal):
+    _needs_sm90()
+    _check([lq], [lkv], causal=causal, window_left=window, seed=19)
+    _check([lq, 50], [lkv, 300], causal=causal, window_left=window, seed=23)

@@ -11,7 +11,6 @@ The public prefill API (``fi_attention.prefill``) calls this runner when ``backe
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -44,8 +43,6 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
         return f"fa3 needs k/v dtype == q dtype ({dtype}), got {kv_dtype}"
     if custom_mask:
         return "fa3 does not support custom masks yet"
-    if window_left is not None and window_left >= 0:
-        return "fa3 does not support sliding windows (window_left >= 0) yet"
     if logits_soft_cap is not None and logits_soft_cap > 0:
         return "fa3 does not support logits_soft_cap yet"
     if pos_encoding_mode not in (None, "NONE"):
@@ -110,8 +107,10 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         Bottom-right aligned: query ``i`` of a request sees keys ``j <= i + kv_len - qo_len``.
     sm_scale : float
         Logit scale (FlashInfer default ``1/sqrt(D)``, applied by the caller).
-    logits_soft_cap, window_left
-        Must be off (None/0 and -1) in this version; see :func:`supports`.
+    logits_soft_cap : float or None
+        Must be off (None or 0) in this version; see :func:`supports`.
+    window_left : int
+        Sliding window: query ``i`` also needs ``j >= i + kv_len - qo_len - window_left``; -1 = off.
     max_qo_len, batch_size : int
         Host ints: the longest request's query count (an upper bound is fine) and the batch.
 
@@ -123,8 +122,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     >>> run_ragged(q, k, v, None, None, out, None, causal=True, sm_scale=128 ** -0.5,
     ...            max_qo_len=4096, batch_size=1)                                # doctest: +SKIP
     """
-    if (logits_soft_cap is not None and logits_soft_cap > 0) or (window_left is not None and window_left >= 0):
-        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap / window_left yet")
+    if logits_soft_cap is not None and logits_soft_cap > 0:
+        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap yet")
     dtype = q.dtype
     if dtype not in DTYPES:
         raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
@@ -168,7 +167,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         nnz_q, nnz_kv, hq, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        batch_size, int(max_qo_len), float(sm_scale), current_stream(q.device))
+        batch_size, int(max_qo_len), float(sm_scale),
+        -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
 
 
 def run(call) -> None:

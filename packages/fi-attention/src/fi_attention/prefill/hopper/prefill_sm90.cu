@@ -108,6 +108,7 @@ struct Params {
   int64_t o_tok, o_head;
   int num_qo_heads, group_size, num_m_blocks;
   int single_qo_len, single_kv_len;  // used when qo_indptr is NULL
+  int window_left;                    // -1: no sliding window
   float scale_log2;  // sm_scale * log2(e): softmax in base 2
 };
 
@@ -215,7 +216,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     const int keys = min(kv_len, min((m_block + 1) * kBlockM, qo_len) + diag);
     n_end = keys <= 0 ? 0 : min(n_end, fi::ceil_div(keys, kBlockN));
   }
-  if (n_end <= 0) {  // no row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention)
+  // Sliding window: row i also needs j >= i + diag - window_left; the tile's first row bounds it.
+  const int window = p.window_left;
+  int n_start = 0;
+  if (window >= 0) n_start = max(0, m_block * kBlockM + diag - window) / kBlockN;
+  if (n_end <= n_start) {  // no row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention)
     const int rows = min(kBlockM, qo_len - m_block * kBlockM);
     for (int idx = threadIdx.x; idx < rows * kHeadDim; idx += kThreads) {
       const int r = idx / kHeadDim, c = idx % kHeadDim;
@@ -249,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       for (int bx = 0; bx < kBoxes; ++bx)
         tma_load_3d(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
                     qo_start + m_block * kBlockM);
-      for (int it = 0; it < n_end; ++it) {
+      for (int it = 0; it < n_end - n_start; ++it) {
         const int n = n_end - 1 - it;
         const int s = it % kStages;
         mbar_wait(&ss.empty[s], ((it / kStages) & 1) ^ 1);
@@ -308,13 +313,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       const int row = m_block * kBlockM + get<0>(tScS(v));
       bool keep = col < kv_len;
       if (kCausal) keep = keep && col <= row + diag;
+      if (window >= 0) keep = keep && col >= row + diag - window;
       if (!keep) tSrS(v) = fi::kNegInf;
     }
   };
   // Only tiles that cross the sequence end or (causal) the diagonal of this query tile need masks.
   auto needs_mask = [&](int n) {
     const int last_col = (n + 1) * kBlockN - 1;
-    return last_col >= kv_len || (kCausal && last_col > m_block * kBlockM + diag);
+    return last_col >= kv_len || (kCausal && last_col > m_block * kBlockM + diag) ||
+           (window >= 0 && n * kBlockN < m_block * kBlockM + kBlockM - 1 + diag - window);
   };
   // Online softmax on tSrS in place: new running max, P = 2^(S*scale - max*scale), rescale factor
   // for the previous O and row sums. Row sums stay per-thread partial until the end.
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     softmax(rescale);
     convert_p();
   }
-  for (; n > 0; --n, ++it) {
+  for (; n > n_start; --n, ++it) {
     const int s = it % kStages;
     const int s_next = (it + 1) % kStages;
     // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
@@ -480,7 +487,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     cudaStream_t stream) {
+                                     int64_t window_left, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   Params p;
@@ -498,6 +505,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.group_size = int(num_qo_heads / num_kv_heads);
   p.num_m_blocks = int(fi::ceil_div<int64_t>(max_qo_len, kBlockM));
   p.scale_log2 = sm_scale * fi::kLog2e;
+  p.window_left = window_left < 0 ? -1 : int(window_left);
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;

@@ -20,7 +20,7 @@ RAGGED_ENTRY = Entry(
     ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr o lse
      "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
      "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
-     "i64", "i64", "f32", "stream"),                    # batch max_qo_len sm_scale stream
+     "i64", "i64", "f32", "i64", "stream"),             # batch max_qo_len sm_scale window_left stream
 )
 
 
