@@ -141,3 +141,24 @@ def test_torch_compile_fullgraph_cpu():
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(a, w, bias), f(a, w, bias), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["9.0a", "8.0", "8.9"])
+def test_backend_reasons_per_arch(arch):
+    from fi_core import Arch
+
+    a = Arch.parse(arch)
+    by_name = {b.name: b for b in api.MM_BF16.backends}
+    facts = {"m": 4, "k_ok": True, "d_ok": True, "fp8": False, "arch": a}
+    assert by_name["gemv"].reason("cuda", a, bf16, facts) is None
+    big = dict(facts, m=4096)
+    assert by_name["gemv"].reason("cuda", a, bf16, big) is not None
+    sm90 = by_name["cutlass_sm90"].reason("cuda", a, bf16, big)
+    assert (sm90 is None) == (arch == "9.0a")
+    fp8 = {b.name: b for b in api.BMM_FP8.backends}["gemv"]
+    ok = fp8.reason("cuda", a, e4m3, dict(facts, fp8=True)) is None
+    assert ok == (arch != "8.0")
+    # the representative kernel variants used by precompile / the compile check
+    specs = api.MM_BF16.specs(a)
+    assert len(specs) == (3 if arch == "9.0a" else 1)
+    assert all(s.arch == a for s in specs)

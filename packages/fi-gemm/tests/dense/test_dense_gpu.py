@@ -26,9 +26,9 @@ def _warm():
     arch = arch_of(torch.device(DEV))
     specs = [gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, f16, arch),
              gemv_spec(f16, f16, f16, arch)]
-    if arch.cc >= (8, 9):
+    if arch.cc >= 89:
         specs += [gemv_spec(e4m3, e4m3, bf16, arch), gemv_spec(e4m3, e5m2, f16, arch)]
-    if arch.cc == (9, 0):
+    if arch.cc == 90:
         for cfg in ("mid", "large"):
             specs += [gemm_sm90_spec(bf16, bf16, bf16, cfg, arch),
                       gemm_sm90_spec(e4m3, e4m3, bf16, cfg, arch)]
@@ -93,7 +93,7 @@ def test_mm_bf16_backend_choice():
     facts = dict(k_ok=True, d_ok=True, fp8=False)
     assert api.MM_BF16.choose(DEV, bf16, m=16, **facts).name == "gemv"
     big = api.MM_BF16.choose(DEV, bf16, m=17, **facts).name
-    assert big == ("cutlass_sm90" if arch.cc == (9, 0) else "reference")
+    assert big == ("cutlass_sm90" if arch.cc == 90 else "reference")
 
 
 @pytest.mark.parametrize("m", [1, 130])
@@ -116,7 +116,7 @@ def _fp8_operands(b, m, n, k, da, db, seed):
 
 @pytest.mark.parametrize("m", [1, 3, 16, 127, 1024])
 def test_bmm_fp8_e4m3(m):
-    if arch_of(torch.device(DEV)).cc < (8, 9) and m <= 16:
+    if arch_of(torch.device(DEV)).cc < 89 and m <= 16:
         pytest.skip("fp8 MMA needs sm_89+")
     A, W, sa, sb = _fp8_operands(1, m, 1000, 1024, e4m3, e4m3, seed=m)
     out = testing.empty_poisoned((1, m, 1000), bf16, DEV)
@@ -126,7 +126,7 @@ def test_bmm_fp8_e4m3(m):
 
 @pytest.mark.parametrize("m", [3, 4097])
 def test_bmm_fp8_mixed_e5m2_fp16_out_batched(m):
-    if arch_of(torch.device(DEV)).cc < (8, 9) and m <= 16:
+    if arch_of(torch.device(DEV)).cc < 89 and m <= 16:
         pytest.skip("fp8 MMA needs sm_89+")
     A, W, sa, sb = _fp8_operands(2, m, 512, 768, e4m3, e5m2, seed=40)
     out = bmm_fp8(A, W.transpose(-2, -1), sa, sb, f16)

@@ -38,7 +38,7 @@ def _gemv_check(f: dict) -> Optional[str]:
         return f"serves M <= 16 (decode shapes), got M = {f.get('m')}"
     if not f.get("k_ok", True):
         return "needs K-contiguous operands with 16-byte aligned rows"
-    if f.get("fp8") and f.get("arch") is not None and f["arch"].cc < (8, 9):
+    if f.get("fp8") and f.get("arch") is not None and f["arch"].cc < 89:
         return "fp8 tensor-core MMA needs sm_89 or newer"
     return None
 
@@ -63,8 +63,8 @@ def _backends(dtypes) -> tuple[Backend, ...]:
 
 def _rep_specs(a_dtype, out_dtype):
     def specs(arch):
-        out = [gemv_spec(a_dtype, a_dtype, out_dtype, arch)] if arch.cc >= (8, 9) or a_dtype not in FP8 else []
-        if arch.cc == (9, 0):
+        out = [gemv_spec(a_dtype, a_dtype, out_dtype, arch)] if arch.cc >= 89 or a_dtype not in FP8 else []
+        if arch.cc == 90:
             out += [gemm_sm90_spec(a_dtype, a_dtype, out_dtype, c, arch) for c in ("mid", "large")]
         return out
     return specs
