@@ -1,0 +1,414 @@
+// RMSNorm, fused add + RMSNorm (plain and Gemma-style weights) and LayerNorm over the last dim.
+//
+// Single pass: each row is read once into registers, reduced, scaled and written, so the kernel
+// moves the minimum number of bytes (rmsnorm: read x + write y; fused: read x, r + write r, y).
+// A "row group" of `tpr` threads owns one row; a block holds 128/tpr groups when rows are short
+// (QK-norm over head_dim 128) and a single group when they are long. Each thread holds NV
+// vectors of VW elements; VW is the widest access (16 bytes at best) that divides the hidden size,
+// every row stride and the pointer alignment, so there is never a partial vector. Rows longer than
+// the register budget (NV * VW > 32 floats per thread) use the two-pass loop kernel instead.
+//
+// Rows are addressed with two strides, row r -> (r / inner) * s0 + (r % inner) * s1, which covers
+// 2-D [tokens, hidden] (inner = 1) and 3-D [tokens, heads, head_dim] views such as q sliced out of
+// a fused qkv tensor. `in` and `out` may alias (fused_add_rmsnorm writes in place): every element
+// is read and written by the same thread, so no pointer is __restrict__ and no .nc loads are used.
+//
+// enable_pdl: accepted by the Python API and ignored here (plain stream-ordered launches).
+#include <initializer_list>
+
+#include "fi/common.cuh"
+#include "fi/reduce.cuh"
+#include "fi/vec.cuh"
+
+#ifndef FI_T
+#define FI_T __nv_bfloat16
+#endif
+
+namespace {
+
+using T = FI_T;
+static_assert(sizeof(T) == 2, "norm kernels are instantiated for fp16/bf16 (VW <= 8)");
+constexpr int kBlockMin = 128;     // threads per block when several rows share a block
+constexpr int kMaxFloats = 32;     // NV * VW cap: the row stays in registers without spills
+constexpr int kMaxThreads = 1024;  // loop kernels
+constexpr int kRegsThreads = 512;  // register kernels: at most 512 threads per block ...
+// Register cap of the register kernels: the packed row arrays (x, w, and r when fused), ~4
+// registers of address/predicate state per vector slot, and ~32 for the rest; rounded to 8, at
+// least 64 (4 blocks of 256 threads per SM) and at most 128 (a 512-thread block still fits the
+// 64K register file). The main case, 8192 bf16 (VW 8, NV 4), gets 80: 3 blocks and 48 KB of
+// loads in flight per SM, above the ~25 KB Little's law asks of HBM3e.
+constexpr int regs_cap(int vw, int nv, int arrays) {
+  const int words = nv * (vw >= 2 ? vw / 2 : 1) * arrays + 4 * nv + 32;
+  const int r = (words + 7) / 8 * 8;
+  return r < 64 ? 64 : (r > 128 ? 128 : r);
+}
+
+struct RowMap {
+  int64_t inner, s0, s1;
+  FI_DEVICE int64_t offset(int64_t r) const {
+    return inner == 1 ? r * s0 : (r / inner) * s0 + (r % inner) * s1;
+  }
+};
+
+// Sum over the `tpr` threads of one row group. tpr <= 32 is a power of two, so groups are aligned
+// lane ranges inside a warp and xor-shuffles with offsets < tpr never cross groups. tpr > 32 is a
+// multiple of 32; partial sums go through shared memory. Every thread of the block must call this
+// (rows past the end included) because of the shuffles and barriers.
+FI_DEVICE float group_sum(float v, int tpr, int group, int lane_in_group, float* scratch) {
+  if (tpr <= 32) {
+    for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(fi::kFullMask, v, o);
+    return v;
+  }
+  v = fi::warp_sum(v);
+  if ((threadIdx.x & 31) == 0) scratch[group * 32 + (lane_in_group >> 5)] = v;
+  __syncthreads();
+  float r = 0.f;
+  const int nw = tpr >> 5;
+  for (int i = 0; i < nw; ++i) r += scratch[group * 32 + i];  // fixed order: deterministic
+  __syncthreads();  // scratch is reused by the next reduction
+  return r;
+}
+
+// Shared-memory partials: at most 32 warps per group, and at most 2 groups when tpr > 32
+// (tpr = 64 -> 2 rows per 128-thread block).
+constexpr int kScratch = 4 * 32;
+
+// out = x * rsqrt(mean(x^2) + eps) * (w + w_offset); with FUSED, x = round(in + res) is first
+// written back to res (the rounded sum is what gets normalised, as FlashInfer does).
+template <int VW, int NV, bool FUSED>
+__global__ void __maxnreg__(regs_cap(VW, NV, FUSED ? 3 : 2))
+rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_t rows, int cols,
+                    RowMap mo, RowMap mi, RowMap mr, float eps, float w_offset, int tpr) {
+  using V = fi::vec_t<T, VW>;
+  __shared__ float scratch[kScratch];
+  const int groups = blockDim.x / tpr;
+  const int group = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+  const int64_t row = (int64_t)blockIdx.x * groups + group;
+  const bool valid = row < rows;
+  const int nvec = cols / VW;
+
+  const T* xrow = in + (valid ? mi.offset(row) : 0);
+  T* rrow = FUSED ? res + (valid ? mr.offset(row) : 0) : nullptr;
+  T* orow = out + (valid ? mo.offset(row) : 0);
+  // The row is kept packed (T, not float): half the registers of a float copy, so more blocks
+  // fit per SM and more bytes are in flight; converting again for the output costs ~1 ALU op.
+  // All loads are issued before the first store: `res` may alias nothing we know of, so the
+  // compiler could not move a later load above a residual store and loads would serialise.
+  V xv[NV], wv[NV], rv[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+      xv[i].load(xrow + (int64_t)v * VW);
+      if constexpr (FUSED) rv[i].load(rrow + (int64_t)v * VW);
+      wv[i].load(w + (int64_t)v * VW);  // issued early: hides its L2 latency behind the reduction
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+      if constexpr (FUSED) {
+#pragma unroll
+        for (int j = 0; j < VW; ++j)
+          xv[i][j] = fi::from_float<T>(fi::to_float(xv[i][j]) + fi::to_float(rv[i][j]));
+        xv[i].store(rrow + (int64_t)v * VW);
+      }
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        const float f = fi::to_float(xv[i][j]);
+        ss += f * f;
+      }
+    }
+  }
+  ss = group_sum(ss, tpr, group, lane, scratch);
+  const float rrms = rsqrtf(ss / (float)cols + eps);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+      V o;
+#pragma unroll
+      for (int j = 0; j < VW; ++j)
+        o[j] = fi::from_float<T>(fi::to_float(xv[i][j]) * rrms * (fi::to_float(wv[i][j]) + w_offset));
+      o.store(orow + (int64_t)v * VW);
+    }
+  }
+}
+
+// Rows too long for registers: pass 1 reduces (and writes the fused residual), pass 2 re-reads
+// the row (now mostly in L2) and writes the output. One block per row.
+template <int VW, bool FUSED>
+__global__ void __launch_bounds__(kMaxThreads)
+rmsnorm_loop_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_t rows, int cols,
+                    RowMap mo, RowMap mi, RowMap mr, float eps, float w_offset) {
+  using V = fi::vec_t<T, VW>;
+  __shared__ float scratch[kScratch];
+  const int64_t row = blockIdx.x;
+  const int nvec = cols / VW;
+  const T* src = FUSED ? res + mr.offset(row) : in + mi.offset(row);
+  float ss = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    V a;
+    a.load(in + mi.offset(row) + (int64_t)v * VW);
+    if constexpr (FUSED) {
+      V b;
+      b.load(res + mr.offset(row) + (int64_t)v * VW);
+#pragma unroll
+      for (int j = 0; j < VW; ++j) a[j] = fi::from_float<T>(fi::to_float(a[j]) + fi::to_float(b[j]));
+      a.store(res + mr.offset(row) + (int64_t)v * VW);  // re-read below by this same thread
+    }
+#pragma unroll
+    for (int j = 0; j < VW; ++j) ss += fi::to_float(a[j]) * fi::to_float(a[j]);
+  }
+  ss = group_sum(ss, blockDim.x, 0, threadIdx.x, scratch);
+  const float rrms = rsqrtf(ss / (float)cols + eps);
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    V a, wv, o;
+    a.load(src + (int64_t)v * VW);
+    wv.load(w + (int64_t)v * VW);
+#pragma unroll
+    for (int j = 0; j < VW; ++j)
+      o[j] = fi::from_float<T>(fi::to_float(a[j]) * rrms * (fi::to_float(wv[j]) + w_offset));
+    o.store(out + mo.offset(row) + (int64_t)v * VW);
+  }
+}
+
+// LayerNorm with float32 gain/bias (FlashInfer's convention): mean and variance from the
+// register-resident row (two reductions, so no E[x^2] - E[x]^2 cancellation).
+template <int VW, int NV>
+__global__ void __maxnreg__(regs_cap(VW, NV, 3))
+layernorm_regs_kernel(T* out, const T* in, const float* __restrict__ g, const float* __restrict__ b,
+                      int64_t rows, int cols, RowMap mo, RowMap mi, float eps, int tpr) {
+  using V = fi::vec_t<T, VW>;
+  __shared__ float scratch[kScratch];
+  const int groups = blockDim.x / tpr;
+  const int group = threadIdx.x / tpr, lane = threadIdx.x % tpr;
+  const int64_t row = (int64_t)blockIdx.x * groups + group;
+  const bool valid = row < rows;
+  const int nvec = cols / VW;
+  float x[NV][VW];
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+      V a;
+      a.load(in + mi.offset(row) + (int64_t)v * VW);
+#pragma unroll
+      for (int j = 0; j < VW; ++j) { x[i][j] = fi::to_float(a[j]); s += x[i][j]; }
+    }
+  }
+  const float mean = group_sum(s, tpr, group, lane, scratch) / (float)cols;
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+#pragma unroll
+      for (int j = 0; j < VW; ++j) { const float d = x[i][j] - mean; q += d * d; }
+    }
+  }
+  const float rstd = rsqrtf(group_sum(q, tpr, group, lane, scratch) / (float)cols + eps);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lane + i * tpr;
+    if (valid && v < nvec) {
+      V o;
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        const int c = v * VW + j;
+        o[j] = fi::from_float<T>((x[i][j] - mean) * rstd * g[c] + b[c]);
+      }
+      o.store(out + mo.offset(row) + (int64_t)v * VW);
+    }
+  }
+}
+
+template <int VW>
+__global__ void __launch_bounds__(kMaxThreads)
+layernorm_loop_kernel(T* out, const T* in, const float* __restrict__ g, const float* __restrict__ b,
+                      int64_t rows, int cols, RowMap mo, RowMap mi, float eps) {
+  using V = fi::vec_t<T, VW>;
+  __shared__ float scratch[kScratch];
+  const T* src = in + mi.offset(blockIdx.x);
+  const int nvec = cols / VW;
+  float s = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    V a;
+    a.load(src + (int64_t)v * VW);
+#pragma unroll
+    for (int j = 0; j < VW; ++j) s += fi::to_float(a[j]);
+  }
+  const float mean = group_sum(s, blockDim.x, 0, threadIdx.x, scratch) / (float)cols;
+  float q = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    V a;
+    a.load(src + (int64_t)v * VW);
+#pragma unroll
+    for (int j = 0; j < VW; ++j) { const float d = fi::to_float(a[j]) - mean; q += d * d; }
+  }
+  const float rstd = rsqrtf(group_sum(q, blockDim.x, 0, threadIdx.x, scratch) / (float)cols + eps);
+  for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+    V a, o;
+    a.load(src + (int64_t)v * VW);
+#pragma unroll
+    for (int j = 0; j < VW; ++j) {
+      const int c = v * VW + j;
+      o[j] = fi::from_float<T>((fi::to_float(a[j]) - mean) * rstd * g[c] + b[c]);
+    }
+    o.store(out + mo.offset(blockIdx.x) + (int64_t)v * VW);
+  }
+}
+
+// ---- launch planning -------------------------------------------------------------------------
+
+struct Plan {
+  int nv;       // vectors per thread (0: loop kernel)
+  int tpr;      // threads per row group
+  int block;    // threads per block
+  int64_t grid;
+};
+
+// Widest vector (in elements) that divides cols and every stride, with all pointers aligned.
+int pick_vw(int cols, std::initializer_list<int64_t> strides, std::initializer_list<const void*> ptrs) {
+  for (int vw = 16 / (int)sizeof(T); vw > 1; vw >>= 1) {
+    bool ok = cols % vw == 0;
+    for (int64_t s : strides) ok = ok && s % vw == 0;
+    for (const void* p : ptrs) ok = ok && fi::is_aligned(p, vw * (int)sizeof(T));
+    if (ok) return vw;
+  }
+  return 1;
+}
+
+// Target 4 vectors per thread (64 bytes in flight per thread at VW = 16 B); more only when the
+// row needs more than kRegsThreads threads and the floats still fit (NV * VW <= kMaxFloats).
+Plan plan_rows(int64_t rows, int cols, int vw, int max_nv) {
+  const int nvec = cols / vw;
+  Plan p{};
+  int nv = 4 * vw <= kMaxFloats ? 4 : kMaxFloats / vw;
+  int64_t need = fi::ceil_div<int64_t>(nvec, nv);
+  while (need > kRegsThreads && 2 * nv * vw <= kMaxFloats && 2 * nv <= max_nv) {
+    nv *= 2;
+    need = fi::ceil_div<int64_t>(nvec, nv);
+  }
+  if (need > kRegsThreads) {
+    p.nv = 0;
+    p.tpr = p.block = kMaxThreads / 2;  // 512 threads: several rows per SM keep HBM busy
+    p.grid = rows;
+    return p;
+  }
+  int tpr = 4;
+  while (tpr < need && tpr < 32) tpr <<= 1;
+  if (need > 32) tpr = (int)fi::round_up<int64_t>(need, 32);
+  while (nv > 1 && (int64_t)tpr * (nv / 2) >= nvec) nv >>= 1;  // fewest vectors that cover the row
+  if (nv == 1) nv = 2;                                         // NV in {2, 4, 8, 16} is instantiated
+  p.nv = nv;
+  p.tpr = tpr;
+  p.block = tpr >= kBlockMin ? tpr : tpr * (kBlockMin / tpr);
+  p.grid = fi::ceil_div<int64_t>(rows, p.block / tpr);
+  return p;
+}
+
+template <int VW, bool FUSED>
+cudaError_t launch_rms(const Plan& p, T* out, const T* in, T* res, const T* w, int64_t rows,
+                       int cols, RowMap mo, RowMap mi, RowMap mr, float eps, float wo,
+                       cudaStream_t st) {
+  const dim3 grid((unsigned)p.grid), block(p.block);
+  switch (p.nv) {
+    case 0: rmsnorm_loop_kernel<VW, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo); break;
+    case 2: rmsnorm_regs_kernel<VW, 2, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break;
+    case 4: if constexpr (4 * VW <= kMaxFloats) { rmsnorm_regs_kernel<VW, 4, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    case 8: if constexpr (8 * VW <= kMaxFloats) { rmsnorm_regs_kernel<VW, 8, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    case 16: if constexpr (16 * VW <= kMaxFloats && !FUSED) { rmsnorm_regs_kernel<VW, 16, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    default: return cudaErrorInvalidConfiguration;
+  }
+  return cudaGetLastError();
+}
+
+template <int VW>
+cudaError_t launch_ln(const Plan& p, T* out, const T* in, const float* g, const float* b,
+                      int64_t rows, int cols, RowMap mo, RowMap mi, float eps, cudaStream_t st) {
+  const dim3 grid((unsigned)p.grid), block(p.block);
+  switch (p.nv) {
+    case 0: layernorm_loop_kernel<VW><<<grid, block, 0, st>>>(out, in, g, b, rows, cols, mo, mi, eps); break;
+    case 2: layernorm_regs_kernel<VW, 2><<<grid, block, 0, st>>>(out, in, g, b, rows, cols, mo, mi, eps, p.tpr); break;
+    case 4: if constexpr (4 * VW <= kMaxFloats) { layernorm_regs_kernel<VW, 4><<<grid, block, 0, st>>>(out, in, g, b, rows, cols, mo, mi, eps, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    case 8: if constexpr (8 * VW <= kMaxFloats) { layernorm_regs_kernel<VW, 8><<<grid, block, 0, st>>>(out, in, g, b, rows, cols, mo, mi, eps, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    case 16: if constexpr (16 * VW <= kMaxFloats) { layernorm_regs_kernel<VW, 16><<<grid, block, 0, st>>>(out, in, g, b, rows, cols, mo, mi, eps, p.tpr); break; }
+            return cudaErrorInvalidConfiguration;
+    default: return cudaErrorInvalidConfiguration;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// Row strides in elements: row r of a tensor sits at (r / inner) * s0 + (r % inner) * s1.
+// residual == nullptr: plain RMSNorm; else fused add (out usually == in). weight_offset is 0
+// for RMSNorm and 1 for Gemma's (1 + w).
+FI_EXPORT int fi_rmsnorm(void* out, const void* in, void* residual, const void* weight,
+                         int64_t rows, int64_t cols, int64_t inner,
+                         int64_t out_s0, int64_t out_s1, int64_t in_s0, int64_t in_s1,
+                         int64_t res_s0, int64_t res_s1, float eps, float weight_offset,
+                         cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (cols > (1LL << 30) || inner <= 0) return cudaErrorInvalidValue;
+  const bool fused = residual != nullptr;
+  const int c = (int)cols;
+  const int vw = fused ? pick_vw(c, {out_s0, out_s1, in_s0, in_s1, res_s0, res_s1}, {out, in, residual, weight})
+                       : pick_vw(c, {out_s0, out_s1, in_s0, in_s1}, {out, in, weight});
+  const RowMap mo{inner, out_s0, out_s1}, mi{inner, in_s0, in_s1}, mr{inner, res_s0, res_s1};
+  // Fused rows hold three arrays; 16 vectors of <= 4 bytes per thread would not fit in 128 regs.
+  const Plan p = plan_rows(rows, c, vw, fused ? 8 : 16);
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(in);
+  T* r = static_cast<T*>(residual);
+  const T* w = static_cast<const T*>(weight);
+  cudaError_t e;
+#define FI_RMS_CASE(VW_)                                                                              \
+  case VW_:                                                                                           \
+    e = fused ? launch_rms<VW_, true>(p, o, x, r, w, rows, c, mo, mi, mr, eps, weight_offset, stream) \
+              : launch_rms<VW_, false>(p, o, x, r, w, rows, c, mo, mi, mr, eps, weight_offset, stream); \
+    break;
+  switch (vw) {
+    FI_RMS_CASE(1)
+    FI_RMS_CASE(2)
+    FI_RMS_CASE(4)
+    FI_RMS_CASE(8)
+    default: e = cudaErrorInvalidConfiguration;
+  }
+#undef FI_RMS_CASE
+  return (int)e;
+}
+
+FI_EXPORT int fi_layernorm(void* out, const void* in, const void* gemma, const void* beta,
+                           int64_t rows, int64_t cols, int64_t out_s0, int64_t in_s0, float eps,
+                           cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (cols > (1LL << 30)) return cudaErrorInvalidValue;
+  const int c = (int)cols;
+  // gemma/beta are float32 and read element-wise, so only the T tensors constrain the width.
+  const int vw = pick_vw(c, {out_s0, in_s0}, {out, in});
+  const RowMap mo{1, out_s0, 0}, mi{1, in_s0, 0};
+  const Plan p = plan_rows(rows, c, vw, 16);
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(in);
+  const float* g = static_cast<const float*>(gemma);
+  const float* b = static_cast<const float*>(beta);
+  cudaError_t e;
+  switch (vw) {
+    case 1: e = launch_ln<1>(p, o, x, g, b, rows, c, mo, mi, eps, stream); break;
+    case 2: e = launch_ln<2>(p, o, x, g, b, rows, c, mo, mi, eps, stream); break;
+    case 4: e = launch_ln<4>(p, o, x, g, b, rows, c, mo, mi, eps, stream); break;
+    case 8: e = launch_ln<8>(p, o, x, g, b, rows, c, mo, mi, eps, stream); break;
+    default: e = cudaErrorInvalidConfiguration;
+  }
+  return (int)e;
+}
