@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restrict__ w,
             const TB* __restrict__ bias, const float* __restrict__ scale_a,
             const float* __restrict__ scale_b, int m, int n, int k, int64_t lda, int64_t ldw,
-            int64_t ldo, int64_t bsa, int64_t bsw, int64_t bso) {
+            int64_t ldo, int64_t bsa, int64_t bsw, int64_t bso,
+            const int64_t* __restrict__ seg_indptr, const int64_t* __restrict__ seg_widx,
+            int num_segs) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
@@ -106,10 +108,34 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t batch = blockIdx.z;
-  act += batch * bsa;
-  w += batch * bsw;
-  out += batch * bso;
+  if (seg_indptr != nullptr) {
+    // Segment mode (LoRA / grouped GEMM): blockIdx.y enumerates 16-row tiles of all segments in
+    // order; the CTA finds its segment by walking the (short) indptr. Uniform across the CTA, so
+    // the early return cannot split a __syncthreads.
+    const int64_t y = blockIdx.y;
+    int64_t cum = 0, row0 = -1;
+    int s = 0;
+    for (; s < num_segs; ++s) {
+      const int64_t b0 = seg_indptr[s];
+      const int64_t len = seg_indptr[s + 1] - b0;
+      const int64_t tiles = len > 0 ? (len + 15) / 16 : 0;
+      if (y < cum + tiles) {
+        row0 = b0 + (y - cum) * 16;
+        m = int(min(int64_t(16), b0 + len - row0));
+        break;
+      }
+      cum += tiles;
+    }
+    if (row0 < 0) return;
+    act += row0 * lda;
+    out += row0 * ldo;
+    w += (seg_widx != nullptr ? seg_widx[s] : int64_t(s)) * bsw;
+  } else {
+    const int64_t batch = blockIdx.z;
+    act += batch * bsa;
+    w += batch * bsw;
+    out += batch * bso;
+  }
   const int n0 = blockIdx.x * (16 * RS);
 
   const TW* wrow[RS][2];
@@ -207,12 +233,14 @@ template <int NT, int RS, int U>
 cudaError_t launch(void* out, const void* act, const void* w, const void* bias, const void* sa,
                    const void* sb, int64_t m, int64_t n, int64_t k, int64_t l, int64_t lda,
                    int64_t ldw, int64_t ldo, int64_t bsa, int64_t bsw, int64_t bso,
-                   cudaStream_t stream) {
-  dim3 grid(unsigned(fi::ceil_div<int64_t>(n, 16 * RS)), 1, unsigned(l));
+                   const int64_t* seg_indptr, const int64_t* seg_widx, int num_segs,
+                   int64_t tiles_y, cudaStream_t stream) {
+  dim3 grid(unsigned(fi::ceil_div<int64_t>(n, 16 * RS)), unsigned(tiles_y), unsigned(l));
   gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<FI_TD*>(out), static_cast<const FI_TA*>(act), static_cast<const FI_TW*>(w),
       static_cast<const FI_TBIAS*>(bias), static_cast<const float*>(sa),
-      static_cast<const float*>(sb), int(m), int(n), int(k), lda, ldw, ldo, bsa, bsw, bso);
+      static_cast<const float*>(sb), int(m), int(n), int(k), lda, ldw, ldo, bsa, bsw, bso,
+      seg_indptr, seg_widx, num_segs);
   return cudaGetLastError();
 }
 
@@ -234,12 +262,40 @@ FI_EXPORT int fi_gemv(void* out, const void* act, const void* w, const void* bia
   // below that, one slab per CTA keeps all SMs streaming.
   const bool two_slabs = fi::ceil_div<int64_t>(n, 32) * l >= fi::sm_count();
   cudaError_t e;
+#define FI_GEMV_ARGS out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, \
+                     nullptr, nullptr, 0, 1, stream
   if (m <= 8) {
-    e = two_slabs ? launch<1, 2, 3>(out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, stream)
-                  : launch<1, 1, 4>(out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, stream);
+    e = two_slabs ? launch<1, 2, 3>(FI_GEMV_ARGS) : launch<1, 1, 4>(FI_GEMV_ARGS);
   } else {
-    e = two_slabs ? launch<2, 2, 2>(out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, stream)
-                  : launch<2, 1, 4>(out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, stream);
+    e = two_slabs ? launch<2, 2, 2>(FI_GEMV_ARGS) : launch<2, 1, 4>(FI_GEMV_ARGS);
   }
+#undef FI_GEMV_ARGS
+  return (int)e;
+}
+
+// Segment GEMM: rows seg_indptr[s] .. seg_indptr[s+1] of x times W[seg_widx[s]]^T (seg_widx null:
+// W[s]). x is [total_rows, k], W is [*, n, k] with batch stride bsw, out is [total_rows, n].
+// Rows outside every segment are not written. Graph-safe: the grid is sized from total_rows and
+// num_segs (host values); segment lengths are read on the device.
+FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const void* seg_indptr,
+                              const void* seg_widx, int64_t total_rows, int64_t num_segs,
+                              int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
+                              int64_t bsw, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(FI_TW);
+  if (k % V != 0 || ldx % V != 0 || ldw % V != 0 || bsw % V != 0 ||
+      (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0 ||
+      n >= (int64_t(1) << 31) || k >= (int64_t(1) << 31) || num_segs >= (int64_t(1) << 31))
+    return (int)cudaErrorInvalidValue;
+  // sum_s ceil(len_s / 16) <= floor(total / 16) + num_segs; surplus CTAs exit at once.
+  const int64_t tiles = total_rows / 16 + num_segs;
+  if (tiles == 0 || n == 0) return 0;
+  if (tiles > 65535) return (int)cudaErrorInvalidConfiguration;
+  const bool two_slabs = fi::ceil_div<int64_t>(n, 32) * tiles >= fi::sm_count();
+  const int64_t* ip = static_cast<const int64_t*>(seg_indptr);
+  const int64_t* wi = static_cast<const int64_t*>(seg_widx);
+#define FI_SEG_ARGS out, x, w, nullptr, nullptr, nullptr, 16, n, k, 1, ldx, ldw, ldo, 0, bsw, 0, \
+                    ip, wi, int(num_segs), tiles, stream
+  cudaError_t e = two_slabs ? launch<2, 2, 2>(FI_SEG_ARGS) : launch<2, 1, 4>(FI_SEG_ARGS);
+#undef FI_SEG_ARGS
   return (int)e;
 }
