@@ -188,3 +188,23 @@ def test_torch_compile_fullgraph_cpu():
     x = torch.randn(4, 33)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), f(x))
+
+
+def test_chain_speculative_validation():
+    d = _probs(2, 9).reshape(2, 1, 9)
+    with pytest.raises(InputError, match=r"target_probs must have shape \[2, 2, 9\]"):
+        S.chain_speculative_sampling(d, torch.zeros(2, 1, dtype=torch.int32), d, seed=0)
+    t = _probs(4, 9).reshape(2, 2, 9)
+    with pytest.raises(InputTypeError, match="maybe_output_accepted_token_num"):
+        S.chain_speculative_sampling(d, torch.zeros(2, 1, dtype=torch.int32), t,
+                                     maybe_output_accepted_token_num=torch.zeros(2), seed=0)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from fi_sampling.sampling import api, speculative
+
+    for mod in (api, speculative):
+        res = doctest.testmod(mod, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
+        assert res.failed == 0, f"{mod.__name__}: {res.failed} docstring example(s) failed"

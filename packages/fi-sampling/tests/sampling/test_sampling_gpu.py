@@ -274,3 +274,53 @@ def test_ties_at_the_cutoff_are_kept():
     p = p / p.sum()
     out = S.top_k_renorm_probs(p, 2)
     assert torch.equal((out[0] > 0).nonzero().flatten().cpu(), torch.tensor([10, 500, 999]))
+
+
+# ---- chain speculative sampling ---------------------------------------------------------------
+def test_chain_speculative_output_follows_target():
+    # Draft tokens drawn from q; the speculative-sampling theorem says the first output token is
+    # distributed exactly as the target row 0, and a draft is accepted with prob sum(min(p, q)).
+    v, n_req = 111, N_SAMPLES
+    q = _probs(1, v, seed=21, scale=1.5)
+    p = _probs(2, v, seed=22, scale=1.5)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.multinomial(q[0], n_req, replacement=True, generator=g).view(n_req, 1)
+    draft = q.view(1, 1, v).expand(n_req, 1, v).contiguous()
+    target = p.view(1, 2, v).expand(n_req, 2, v).contiguous()
+    out, acc, emi = S.chain_speculative_sampling(draft, ids, target, seed=3, offset=0)
+    assert out.shape == (n_req, 2) and out.dtype == torch.int32
+    assert torch.equal(acc, emi)
+    accepted = acc.bool()
+    assert torch.equal(out[accepted, 0].long(), ids[accepted, 0])
+    assert (out[~accepted, 1] == -1).all() and (out[accepted, 1] >= 0).all()
+    counts = torch.bincount(out[:, 0].long().cpu(), minlength=v).double()
+    tv = 0.5 * (counts / n_req - p[0].double().cpu()).abs().sum().item()
+    assert tv <= TV_BOUND, f"first token: total variation {tv:.4f}"
+    rate = torch.minimum(p[0], q[0]).sum().item()
+    sd = (rate * (1 - rate) / n_req) ** 0.5
+    assert abs(accepted.double().mean().item() - rate) < 6 * sd
+    # same seed -> same result; counters accumulate into caller buffers
+    out2, _, _ = S.chain_speculative_sampling(draft, ids, target, seed=3, offset=0)
+    assert torch.equal(out, out2)
+    a = torch.ones(n_req, dtype=torch.int32, device="cuda")
+    e = torch.ones(n_req, dtype=torch.int32, device="cuda")
+    _, a2, e2 = S.chain_speculative_sampling(draft, ids, target, a, e, seed=3, offset=0)
+    assert a2 is a and torch.equal(a, acc + 1) and torch.equal(e, emi + 1)
+
+
+def test_chain_speculative_all_accepted_and_padding():
+    b, n, v = 5, 4, VOCAB
+    p = _probs(b * (n + 1), v, seed=30).view(b, n + 1, v)
+    ids = torch.randint(0, v, (b, n), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    # draft == target on the first n rows: every draft is accepted (u * q < q for u < 1, q > 0)
+    out, acc, emi = S.chain_speculative_sampling(p[:, :n], ids, p, seed=0)
+    assert torch.equal(out[:, :n].long(), ids) and (out[:, n] >= 0).all() and (out[:, n] < v).all()
+    assert (acc == n).all() and (emi == n).all()
+    # draft puts all mass where the target has none: every draft is rejected at position 0
+    draft = torch.zeros(b, n, v, device="cuda")
+    draft[:, :, 7] = 1.0
+    tgt = p.clone()
+    tgt[:, :, 7] = 0.0
+    out, acc, emi = S.chain_speculative_sampling(draft, torch.full((b, n), 7, device="cuda"), tgt, seed=1)
+    assert (acc == 0).all() and (emi == 0).all()
+    assert (out[:, 1:] == -1).all() and (out[:, 0] != 7).all() and (out[:, 0] >= 0).all()

@@ -34,6 +34,8 @@ struct Row {
       for (int k = 0; k < 4; ++k) v[k] = (i + k < n) ? __ldg(p + i + k) : nan_f();
     }
   }
+
+  FI_DEVICE float at(int64_t i) const { return __ldg(p + i); }
 };
 
 // Contiguous range of 128-element chunks owned by warp w: [c0, c1). Contiguous ownership lets the
@@ -61,8 +63,10 @@ struct SampleSmem {
 
 // Inverse-CDF sample from the elements with x > lo, with weights x (no normalisation needed):
 // returns the first index j whose running prefix exceeds u * (sum of those elements).
-// One full pass plus a rescan of 1/32 of the row by the selected warp.
-FI_DEVICE SampleResult sample_above(const Row& row, float lo, float u, SampleSmem& sm) {
+// One full pass plus a rescan of 1/32 of the row by the selected warp. RowT is any view with
+// Row's load4/at/n (e.g. the residual max(target - draft, 0) of speculative sampling).
+template <typename RowT>
+FI_DEVICE SampleResult sample_above(const RowT& row, float lo, float u, SampleSmem& sm) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t c0, c1;
   warp_segment(row.n, warp, c0, c1);
@@ -181,7 +185,7 @@ FI_DEVICE SampleResult sample_above(const Row& row, float lo, float u, SampleSme
   SampleResult r;
   r.idx = sm.idx;
   r.maxv = sm.maxv;
-  r.val = r.idx >= 0 ? __ldg(row.p + r.idx) : 0.f;
+  r.val = r.idx >= 0 ? row.at(r.idx) : 0.f;
   __syncthreads();  // sm is reused by the next pass
   return r;
 }

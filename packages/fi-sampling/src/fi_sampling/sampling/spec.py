@@ -39,3 +39,19 @@ def threshold_spec(arch: Arch) -> KernelSpec:
                  Entry("fi_sampling_softmax", SOFTMAX_ARGS)),
         package="fi_sampling",
     )
+
+
+SPECULATIVE_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i32", "i64", "ptr", "u64",
+                    "i64", "ptr", "u64", "i64", "stream")
+
+
+@functools.cache
+def speculative_spec(arch: Arch) -> KernelSpec:
+    """fi_chain_speculative_sampling: chain speculative sampling, float32 probabilities."""
+    return KernelSpec(
+        name="sampling_speculative",
+        sources=(_HERE / "speculative.cu",),
+        arch=arch,
+        entries=(Entry("fi_chain_speculative_sampling", SPECULATIVE_ARGS),),
+        package="fi_sampling",
+    )
