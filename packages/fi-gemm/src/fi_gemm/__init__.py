@@ -3,5 +3,8 @@ and Ampere. flashinfer.gemm re-exports these."""
 
 from .version import __version__
 from .dense.api import bmm_bf16, bmm_fp8, mm_bf16
+from .segment.api import SegmentGEMMWrapper, grouped_mm_bf16
 
-__all__: list[str] = ["__version__", "bmm_bf16", "bmm_fp8", "mm_bf16"]
+__all__: list[str] = [
+    "SegmentGEMMWrapper", "__version__", "bmm_bf16", "bmm_fp8", "grouped_mm_bf16", "mm_bf16",
+]
