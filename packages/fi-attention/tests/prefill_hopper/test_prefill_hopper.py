@@ -45,7 +45,7 @@ def test_supports_main_case():
     (dict(custom_mask=True), "mask"),
     (dict(logits_soft_cap=30.0), "soft_cap"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
-    (dict(paged=True, page_size=16), "paged"),
+    (dict(paged=True, page_size=4), "page_size"),
 ])
 def test_supports_gives_reason(kw, word):
     why = supports(**_facts(**kw))
@@ -138,7 +138,7 @@ def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1):
 
 
 def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse=True, seed=0,
-           strided=False, window_left=-1):
+           strided=False, window_left=-1, page_size=0, layout="NHD"):
     dev = "cuda"
     nq, nkv = sum(qo_lens), sum(kv_lens)
     if strided:  # q/k/v as column slices of wider buffers (token/head strides != dense)
@@ -157,12 +157,16 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
     for a, b in zip(qo_lens, kv_lens):
         qo_ind.append(qo_ind[-1] + a)
         kv_ind.append(kv_ind[-1] + b)
-    single = len(qo_lens) == 1
-    run_ragged(q, k, v,
-               None if single else torch.tensor(qo_ind, dtype=torch.int32, device=dev),
-               None if single else torch.tensor(kv_ind, dtype=torch.int32, device=dev),
-               out, lse, causal=causal, sm_scale=scale, window_left=window_left, max_qo_len=max(qo_lens),
-               batch_size=len(qo_lens))
+    single = len(qo_lens) == 1 and not page_size
+    if page_size:
+        _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout, causal=causal,
+                               sm_scale=scale, window_left=window_left, seed=seed)
+    else:
+        run_ragged(q, k, v,
+                   None if single else torch.tensor(qo_ind, dtype=torch.int32, device=dev),
+                   None if single else torch.tensor(kv_ind, dtype=torch.int32, device=dev),
+                   out, lse, causal=causal, sm_scale=scale, window_left=window_left,
+                   max_qo_len=max(qo_lens), batch_size=len(qo_lens))
     torch.cuda.synchronize()
     exact, lowp, ref_lse = [], [], []
     for i in range(len(qo_lens)):
@@ -180,6 +184,48 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
     if with_lse:
         testing.assert_close(lse, ref_lse, dtype=torch.float32, atol=2e-3, rtol=1e-3, msg=tag + "lse: ")
     return out, lse
+
+
+def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout, *, causal, sm_scale,
+                           window_left, seed):
+    """Scatters ragged k/v into a shuffled paged cache ([P, 2, page, H, D] NHD or [P, 2, H, page, D]
+    HND, 3 spare pages) and runs run_paged on it."""
+    dev = q.device
+    hkv, d = k.shape[1], k.shape[2]
+    batch = len(qo_ind) - 1
+    pages_per = [-(-(kv_ind[i + 1] - kv_ind[i]) // page_size) for i in range(batch)]
+    total = sum(pages_per) + 3
+    perm = torch.randperm(total, generator=testing.generator(seed))[:sum(pages_per)]
+    shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
+    cache = testing.randn(shape, q.dtype, dev, seed=seed + 99)  # spare/tail slots hold junk, not 0
+    kv_indptr, indices, last = [0], [], []
+    p = 0
+    for i in range(batch):
+        n = kv_ind[i + 1] - kv_ind[i]
+        for j in range(pages_per[i]):
+            page = int(perm[p]); p += 1
+            indices.append(page)
+            lo, hi = kv_ind[i] + j * page_size, min(kv_ind[i] + (j + 1) * page_size, kv_ind[i + 1])
+            if layout == "NHD":
+                cache[page, 0, :hi - lo] = k[lo:hi]
+                cache[page, 1, :hi - lo] = v[lo:hi]
+            else:
+                cache[page, 0, :, :hi - lo] = k[lo:hi].transpose(0, 1)
+                cache[page, 1, :, :hi - lo] = v[lo:hi].transpose(0, 1)
+        kv_indptr.append(len(indices))
+        last.append(n - (pages_per[i] - 1) * page_size if n else 0)
+    kc, vc = cache[:, 0], cache[:, 1]
+    if layout == "NHD":
+        ks, vs = (kc.stride(0), kc.stride(1), kc.stride(2)), (vc.stride(0), vc.stride(1), vc.stride(2))
+    else:
+        ks, vs = (kc.stride(0), kc.stride(2), kc.stride(1)), (vc.stride(0), vc.stride(2), vc.stride(1))
+    i32 = dict(dtype=torch.int32, device=dev)
+    qo_lens = [qo_ind[i + 1] - qo_ind[i] for i in range(batch)]
+    hopper.run_paged(q, kc, vc, torch.tensor(qo_ind, **i32), torch.tensor(kv_indptr, **i32),
+                     torch.tensor(indices or [0], **i32), torch.tensor(last, **i32), out, lse,
+                     k_strides=ks, v_strides=vs, page_size=page_size, causal=causal, sm_scale=sm_scale,
+                     window_left=window_left, max_qo_len=max(qo_lens), batch_size=batch,
+                     num_kv_heads=hkv)
 
 
 gpu = testing.gpu_only()
@@ -259,3 +305,20 @@ def test_sliding_window(lq, lkv, window, causal):
     _needs_sm90()
     _check([lq], [lkv], causal=causal, window_left=window, seed=19)
     _check([lq, 50], [lkv, 300], causal=causal, window_left=window, seed=23)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("page_size, layout", [(16, "NHD"), (8, "HND"), (64, "NHD"), (256, "NHD")])
+def test_paged(page_size, layout, causal):
+    _needs_sm90()
+    _check([1, 7, 300, 129, 1000], [1, 100, 300, 777, 1000], causal=causal, page_size=page_size,
+           layout=layout, seed=29)
+
+
+def test_paged_page_size_rule():
+    assert supports(**_facts(paged=True, page_size=16)) is None
+    assert supports(**_facts(paged=True, page_size=256)) is None
+    assert "page_size" in supports(**_facts(paged=True, page_size=1))
+    assert "page_size" in supports(**_facts(paged=True, page_size=24))

@@ -3,7 +3,8 @@
 The public prefill API (``fi_attention.prefill``) calls this runner when ``backend='fa3'`` or when
 ``'auto'`` picks it. Two seams:
 
-* :func:`supports` / :func:`run_ragged`: keyword-level, ragged K/V (single prefill = batch 1).
+* :func:`supports` / :func:`run_ragged` / :func:`run_paged`: keyword-level, ragged K/V (single
+  prefill = batch 1) or a page table.
 * :func:`unsupported_reason` / :func:`run`: adapters for the prefill package's ``PrefillCall``.
 
 ``run_ragged`` writes ``out`` (and ``lse``) in place: no allocation, no host synchronisation.
@@ -18,9 +19,9 @@ import torch
 from fi_core import arch_of, current_stream, load
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
-from .spec import DTYPES, HEAD_DIMS, prefill_sm90_spec
+from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec
 
-__all__ = ["supports", "run_ragged", "unsupported_reason", "run", "ARCH"]
+__all__ = ["supports", "run_ragged", "run_paged", "unsupported_reason", "run", "ARCH"]
 
 ARCH = "9.0a"  # wgmma / setmaxnreg need the arch-specific target
 
@@ -47,9 +48,18 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
         return "fa3 does not support logits_soft_cap yet"
     if pos_encoding_mode not in (None, "NONE"):
         return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
-    if paged:
-        return "fa3 does not support paged KV yet (ragged/single prefill only)"
+    if paged and _page_size_reason(head_dim_qk, page_size):
+        return _page_size_reason(head_dim_qk, page_size)
     return None
+
+
+def _page_size_reason(head_dim: int, page_size: int) -> Optional[str]:
+    # TMA loads whole pages (or tile-sized slices of pages) into 1024-byte swizzle periods.
+    tile = kv_tile(head_dim)
+    if page_size > 0 and (page_size % tile == 0 or (tile % page_size == 0 and page_size % 8 == 0)):
+        return None
+    return (f"fa3 paged KV needs page_size a multiple of 8 dividing {tile} or a multiple of {tile} "
+            f"(head_dim {head_dim}), got {page_size}")
 
 
 def unsupported_reason(facts: dict) -> Optional[str]:
@@ -171,14 +181,103 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
 
 
+def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
+              kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
+              out: torch.Tensor, lse: Optional[torch.Tensor], *, k_strides: tuple[int, int, int],
+              v_strides: tuple[int, int, int], page_size: int, causal: bool, sm_scale: float,
+              logits_soft_cap: Optional[float] = None, window_left: int = -1,
+              max_qo_len: int, batch_size: int, num_kv_heads: Optional[int] = None) -> None:
+    """Prefill attention over a paged KV cache on Hopper, written into ``out`` (and ``lse``).
+
+    Parameters
+    ----------
+    q, out, lse, causal, sm_scale, logits_soft_cap, window_left, max_qo_len, batch_size
+        As in :func:`run_ragged` (``qo_indptr`` is required).
+    k_cache, v_cache : torch.Tensor
+        The two halves of the cache, pages first (``[num_pages, ...]``, NHD or HND), q's dtype.
+    k_strides, v_strides : tuple of int
+        Element strides (page, token, head) of ``k_cache`` / ``v_cache``; the head dim is contiguous.
+    qo_indptr, kv_indptr, kv_indices, kv_last_page_len : torch.Tensor
+        Device int32: ``[batch + 1]``, ``[batch + 1]`` (into ``kv_indices``), ``[nnz_pages]`` page
+        ids, ``[batch]`` tokens in each request's last page (1..page_size).
+    page_size : int
+        A multiple of 8 dividing the KV tile (128 for d <= 128, 80 for d = 256), or a multiple of it.
+    num_kv_heads : int, optional
+        Read from the cache shape and strides when not given.
+
+    Examples
+    --------
+    >>> cache = torch.randn(64, 2, 16, 8, 128, dtype=torch.bfloat16, device="cuda")  # doctest: +SKIP
+    >>> k, v = cache[:, 0], cache[:, 1]                       # [pages, page, Hkv, D] (NHD)  # doctest: +SKIP
+    >>> run_paged(q, k, v, qo_indptr, kv_indptr, kv_indices, last_len, out, None,
+    ...           k_strides=(k.stride(0), k.stride(1), k.stride(2)),
+    ...           v_strides=(v.stride(0), v.stride(1), v.stride(2)), page_size=16, causal=True,
+    ...           sm_scale=128 ** -0.5, max_qo_len=2048, batch_size=16)  # doctest: +SKIP
+    """
+    if logits_soft_cap is not None and logits_soft_cap > 0:
+        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap yet")
+    dtype = q.dtype
+    if dtype not in DTYPES:
+        raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
+    for name, t in (("q", q), ("out", out)):
+        _check_nhd(name, t, dtype)
+    nnz_q, hq, d = q.shape
+    if d not in HEAD_DIMS or out.shape[2] != d or tuple(out.shape[:2]) != (nnz_q, hq):
+        raise InputError(f"fa3 needs head_dim in {HEAD_DIMS} and out [{nnz_q}, {hq}, {d}], got q "
+                         f"{tuple(q.shape)}, out {tuple(out.shape)}")
+    why = _page_size_reason(d, page_size)
+    if why:
+        raise UnsupportedError(why)
+    for name, t, st in (("k_cache", k_cache, k_strides), ("v_cache", v_cache, v_strides)):
+        if t.dtype != dtype:
+            raise InputTypeError(f"{name} must be {dtype} like q, got {t.dtype}")
+        if t.shape[-1] != d or t.stride(-1) != 1:
+            raise InputError(f"{name} must end in a contiguous head_dim {d}, got shape {tuple(t.shape)} "
+                             f"strides {t.stride()}")
+        if t.data_ptr() % 16 or any(int(x) % 8 for x in st):
+            raise InputError(f"{name} must be 16-byte aligned with (page, token, head) strides that are "
+                             f"multiples of 8 elements, got ptr % 16 = {t.data_ptr() % 16}, strides {st}")
+    hkv = int(num_kv_heads) if num_kv_heads else _kv_heads(k_cache, k_strides, page_size)
+    if hkv == 0 or hq % hkv:
+        raise InputError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
+    if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (nnz_q, hq)
+                            or not lse.is_contiguous()):
+        raise InputError(f"lse must be contiguous float32 [{nnz_q}, {hq}], got {lse.dtype} {tuple(lse.shape)}")
+    for name, t, n in (("qo_indptr", qo_indptr, batch_size + 1), ("kv_indptr", kv_indptr, batch_size + 1),
+                       ("kv_indices", kv_indices, 0), ("kv_last_page_len", kv_last_page_len, batch_size)):
+        if t is None or t.dtype != torch.int32 or t.device != q.device or t.numel() < n:
+            raise InputError(f"{name} must be int32 on {q.device} with >= {n} entries, got "
+                             f"{None if t is None else (t.dtype, str(t.device), t.numel())}")
+    if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
+        return
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True))
+    mod.fi_prefill_sm90_paged(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+        kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
+        0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
+        q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
+        batch_size, int(max_qo_len), float(sm_scale),
+        -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
+
+
+def _kv_heads(cache: torch.Tensor, strides, page_size: int) -> int:
+    # Pages first; the other two non-D dims are page_size tokens and the heads (NHD or HND).
+    dims = [s for s in cache.shape[1:-1]]
+    if len(dims) != 2:
+        raise InputError(f"a paged cache half must be 4-D [pages, ., ., D], got {tuple(cache.shape)}")
+    tok_stride, head_stride = int(strides[1]), int(strides[2])
+    by_stride = {int(cache.stride(i + 1)): dims[i] for i in range(2)}
+    if head_stride in by_stride and tok_stride in by_stride and head_stride != tok_stride:
+        return by_stride[head_stride]
+    return dims[1] if dims[0] == page_size else dims[0]
+
+
 def run(call) -> None:
     """Adapter for ``fi_attention.prefill.launch.PrefillCall`` (ragged or single prefill).
 
     ``max_qo_len`` is taken from ``call.max_qo_len`` or the plan when the caller provides it;
     otherwise ``nnz_q`` bounds it (correct, but launches idle CTAs for large batches).
     """
-    if getattr(call, "paged", False):
-        raise UnsupportedError("the fa3 kernel does not support paged KV yet")
     if getattr(call, "packed_mask", None) is not None:
         raise UnsupportedError("the fa3 kernel does not support custom masks yet")
     qo_indptr = getattr(call, "qo_indptr", None)
@@ -194,6 +293,13 @@ def run(call) -> None:
             max_qo = getattr(plan, "max_qo_len", None)
         max_qo = nnz_q if not max_qo else int(max_qo)
     softcap = getattr(call, "logits_soft_cap", 0.0) or None
+    if getattr(call, "paged", False):
+        run_paged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.kv_indices, call.kv_last_page_len,
+                  call.out, call.lse, k_strides=tuple(call.k_strides), v_strides=tuple(call.v_strides),
+                  page_size=int(call.page_size), causal=bool(call.causal), sm_scale=float(call.sm_scale),
+                  logits_soft_cap=softcap, window_left=getattr(call, "window_left", -1),
+                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads)
+        return
     run_ragged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.out, call.lse,
                causal=bool(call.causal), sm_scale=float(call.sm_scale), logits_soft_cap=softcap,
                window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch)

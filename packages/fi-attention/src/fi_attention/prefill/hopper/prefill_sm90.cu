@@ -12,7 +12,7 @@
 // 64x128 fp32 O tile, a 64x128 fp32 S tile and a 16-bit P tile per warpgroup).
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
-// (64, 128, 256), FI_CAUSAL (0/1). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
+// (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
 #include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -35,6 +35,9 @@
 #ifndef FI_DTYPE_BF16
 #define FI_DTYPE_BF16 1
 #endif
+#ifndef FI_PAGED
+#define FI_PAGED 0
+#endif
 
 namespace fi_hopper {
 using namespace cute;
@@ -47,6 +50,7 @@ using Element = cutlass::half_t;
 
 constexpr int kHeadDim = FI_HEAD_DIM;
 constexpr bool kCausal = FI_CAUSAL != 0;
+constexpr bool kPaged = FI_PAGED != 0;
 constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
 constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
 constexpr int kStages = 2;
@@ -99,8 +103,8 @@ constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to alig
 
 struct Params {
   CUtensorMap tma_q;  // dims (d, head, token); box (64, 1, kBlockM)
-  CUtensorMap tma_k;  // box (64, 1, kBlockN)
-  CUtensorMap tma_v;
+  CUtensorMap tma_k;  // ragged: box (64, 1, kBlockN); paged: dims (d, head, token, page),
+  CUtensorMap tma_v;  //   box (64, 1, min(page_size, kBlockN), 1)
   Element* o;
   float* lse;
   const int* qo_indptr;
@@ -109,6 +113,12 @@ struct Params {
   int num_qo_heads, group_size, num_m_blocks;
   int single_qo_len, single_kv_len;  // used when qo_indptr is NULL
   int window_left;                    // -1: no sliding window
+  // Paged K/V: kv_indptr indexes kv_indices (pages); a request's keys are its pages in order,
+  // the last one holding last_page_len tokens.
+  const int* kv_indices;
+  const int* last_page_len;
+  int page_size;
+  int heads_outer;  // 1: map dims (d, token, head, page) (HND caches); 0: (d, head, token, page)
   float scale_log2;  // sm_scale * log2(e): softmax in base 2
 };
 
@@ -133,6 +143,13 @@ FI_DEVICE void mbar_wait(uint64_t* bar, uint32_t phase) {
       " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra WAIT_%=;\n}" ::"r"(smem_u32(bar)),
       "r"(phase)
+      : "memory");
+}
+FI_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
@@ -204,8 +221,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   const bool single = p.qo_indptr == nullptr;
   const int qo_start = single ? 0 : p.qo_indptr[b];
   const int qo_len = single ? p.single_qo_len : p.qo_indptr[b + 1] - qo_start;
+#if FI_PAGED
+  const int kv_start = p.kv_indptr[b];  // first page of the request in kv_indices
+  const int num_pages = p.kv_indptr[b + 1] - kv_start;
+  const int kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + p.last_page_len[b] : 0;
+#else
   const int kv_start = single ? 0 : p.kv_indptr[b];
   const int kv_len = single ? p.single_kv_len : p.kv_indptr[b + 1] - kv_start;
+#endif
   if (m_block * kBlockM >= qo_len) return;  // whole CTA, before any barrier exists
   const int kv_head = head / p.group_size;
   // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
@@ -247,6 +270,49 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   if (wg == 0) {
     // ------------------------------------------------------------------ producer
     reg_dealloc<kProducerRegs>();
+#if FI_PAGED
+    // Paged: warp 0 loads; lane j fetches box j of a KV tile (one page, or a slice of a page
+    // larger than the tile), so the page-index loads of one tile are issued in parallel.
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+      constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+      const int box_rows = min(p.page_size, kBlockN);
+      const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
+      if (lane == 0) {
+        mbar_expect_tx(&ss.bar_q, kQBytes);
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
+                      qo_start + m_block * kBlockM);
+      }
+      for (int it = 0; it < n_end - n_start; ++it) {
+        const int n = n_end - 1 - it;
+        const int s = it % kStages;
+        // Keys past the request's end (last tile) read its last page; they are masked anyway.
+        const int key0 = n * kBlockN + lane * box_rows;
+        const int page_local = min(key0 / p.page_size, num_pages - 1);
+        const int in_page = key0 - (key0 / p.page_size) * p.page_size;
+        const int page = lane < boxes ? p.kv_indices[kv_start + page_local] : 0;
+        if (lane == 0) {
+          mbar_wait(&ss.empty[s], ((it / kStages) & 1) ^ 1);
+          mbar_expect_tx(&ss.full_k[s], kKVBytes);
+          mbar_expect_tx(&ss.full_v[s], kKVBytes);
+        }
+        __syncwarp();
+        if (lane < boxes) {
+          const int c1 = p.heads_outer ? in_page : kv_head;
+          const int c2 = p.heads_outer ? kv_head : in_page;
+          Element* k_dst = &ss.k[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+          Element* v_dst = &ss.v[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, page);
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, page);
+        }
+        __syncwarp();
+      }
+    }
+#else
     if (threadIdx.x == 0) {
       constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
       constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -270,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
                       kv_start + n * kBlockN);
       }
     }
+#endif
     return;
   }
 
@@ -476,8 +543,60 @@ inline bool encode_qkv(CUtensorMap* map, const void* ptr, int64_t tokens, int64_
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Map over one half of a paged cache: dims (d, head, token in page, page), or (d, token, head, page)
+// when heads_outer (HND: strides stay increasing), with the given element strides; one box =
+// min(page_size, kBlockN) tokens x 64 columns of one head of one page.
+inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64_t page_size, int64_t heads,
+                         int64_t page_stride, int64_t tok_stride, int64_t head_stride, bool heads_outer) {
+  EncodeTiledFn fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint32_t rows = cuuint32_t(page_size < kBlockN ? page_size : kBlockN);
+  const int64_t d1 = heads_outer ? page_size : heads, d2 = heads_outer ? heads : page_size;
+  const int64_t s1 = heads_outer ? tok_stride : head_stride, s2 = heads_outer ? head_stride : tok_stride;
+  cuuint64_t dims[4] = {cuuint64_t(kHeadDim), cuuint64_t(d1), cuuint64_t(d2), cuuint64_t(pages)};
+  cuuint64_t strides[3] = {cuuint64_t(s1) * sizeof(Element), cuuint64_t(s2) * sizeof(Element),
+                           cuuint64_t(page_stride) * sizeof(Element)};
+  cuuint32_t box[4] = {cuuint32_t(kBoxCols), heads_outer ? rows : 1u, heads_outer ? 1u : rows, 1u};
+  cuuint32_t estrides[4] = {1u, 1u, 1u, 1u};
+  const CUtensorMapDataType dt =
+      FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(map, dt, 4, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Fills the fields shared by both entries and launches: grid (head, request, m-block).
+inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
+                  int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
+                  int64_t max_qo_len, float sm_scale, int64_t window_left, cudaStream_t stream) {
+  p.o = static_cast<Element*>(o);
+  p.lse = static_cast<float*>(lse);
+  p.qo_indptr = static_cast<const int*>(qo_indptr);
+  p.kv_indptr = static_cast<const int*>(kv_indptr);
+  p.o_tok = o_tok;
+  p.o_head = o_head;
+  p.num_qo_heads = int(num_qo_heads);
+  p.group_size = int(num_qo_heads / num_kv_heads);
+  p.num_m_blocks = int(fi::ceil_div<int64_t>(max_qo_len, kBlockM));
+  p.scale_log2 = sm_scale * fi::kLog2e;
+  p.window_left = window_left < 0 ? -1 : int(window_left);
+  if (num_qo_heads > 65535 || batch > 65535 || p.num_m_blocks > 65535) return cudaErrorInvalidValue;
+  // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
+  static bool smem_set[64] = {false};
+  int dev = 0;
+  FI_TRY(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !smem_set[dev]) {
+    FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    if (dev >= 0 && dev < 64) smem_set[dev] = true;
+  }
+  dim3 grid(unsigned(num_qo_heads), unsigned(batch), unsigned(p.num_m_blocks));
+  prefill_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  return FI_LAUNCH_STATUS();
+}
+
 }  // namespace fi_hopper
 
+#if !FI_PAGED
 // q [nnz_q, Hq, D], k/v [nnz_kv, Hkv, D], o [nnz_q, Hq, D] with the given token/head strides (in
 // elements; the Python runner checks 16-byte alignment of pointers and strides). lse [nnz_q, Hq]
 // fp32 contiguous or NULL. qo_indptr / kv_indptr: device int32 [batch + 1], or both NULL for a
@@ -490,36 +609,49 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t window_left, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
-  Params p;
+  if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
+  Params p{};
   if (!encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM) ||
       !encode_qkv(&p.tma_k, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN) ||
       !encode_qkv(&p.tma_v, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN))
     return cudaErrorInvalidValue;
-  p.o = static_cast<Element*>(o);
-  p.lse = static_cast<float*>(lse);
-  p.qo_indptr = static_cast<const int*>(qo_indptr);
-  p.kv_indptr = static_cast<const int*>(kv_indptr);
-  p.o_tok = o_tok;
-  p.o_head = o_head;
-  p.num_qo_heads = int(num_qo_heads);
-  p.group_size = int(num_qo_heads / num_kv_heads);
-  p.num_m_blocks = int(fi::ceil_div<int64_t>(max_qo_len, kBlockM));
-  p.scale_log2 = sm_scale * fi::kLog2e;
-  p.window_left = window_left < 0 ? -1 : int(window_left);
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
-  if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
-
-  // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
-  static bool smem_set[64] = {false};
-  int dev = 0;
-  FI_TRY(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !smem_set[dev]) {
-    FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    if (dev >= 0 && dev < 64) smem_set[dev] = true;
-  }
-  if (num_qo_heads > 65535 || batch > 65535 || p.num_m_blocks > 65535) return cudaErrorInvalidValue;
-  dim3 grid(unsigned(num_qo_heads), unsigned(batch), unsigned(p.num_m_blocks));
-  prefill_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  return FI_LAUNCH_STATUS();
+  return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
+                sm_scale, window_left, stream);
 }
+#else
+// Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
+// [num_pages] of page_size tokens; kv_indptr [batch + 1] indexes kv_indices (page ids),
+// last_page_len [batch]. page_size must divide the KV tile (128 for d <= 128) and be a multiple of
+// 8, or be a multiple of the tile (checked by the runner).
+FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v, const void* qo_indptr,
+                                    const void* kv_indptr, const void* kv_indices, const void* last_page_len,
+                                    void* o, void* lse, int64_t nnz_q, int64_t num_pages, int64_t page_size,
+                                    int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
+                                    int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
+                                    int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
+                                    int64_t max_qo_len, float sm_scale, int64_t window_left, cudaStream_t stream) {
+  using namespace fi_hopper;
+  if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
+  const bool tile_in_page = page_size % kBlockN == 0;
+  const bool pages_in_tile = kBlockN % page_size == 0 && page_size % 8 == 0;
+  if (qo_indptr == nullptr || kv_indptr == nullptr || kv_indices == nullptr || last_page_len == nullptr ||
+      !(tile_in_page || pages_in_tile) || num_pages <= 0)
+    return cudaErrorInvalidValue;
+  Params p{};
+  // Both halves of one cache share a layout; HND (head stride > token stride) swaps map dims 1, 2.
+  const bool heads_outer = num_kv_heads > 1 && k_head > k_tok;
+  if ((num_kv_heads > 1 && (v_head > v_tok) != heads_outer) ||
+      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM) ||
+      !encode_paged(&p.tma_k, k, num_pages, page_size, num_kv_heads, k_page, k_tok, k_head, heads_outer) ||
+      !encode_paged(&p.tma_v, v, num_pages, page_size, num_kv_heads, v_page, v_tok, v_head, heads_outer))
+    return cudaErrorInvalidValue;
+  p.heads_outer = heads_outer ? 1 : 0;
+  p.kv_indices = static_cast<const int*>(kv_indices);
+  p.last_page_len = static_cast<const int*>(last_page_len);
+  p.page_size = int(page_size);
+  return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
+                sm_scale, window_left, stream);
+}
+#endif

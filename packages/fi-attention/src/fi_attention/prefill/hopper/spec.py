@@ -23,25 +23,40 @@ RAGGED_ENTRY = Entry(
      "i64", "i64", "f32", "i64", "stream"),             # batch max_qo_len sm_scale window_left stream
 )
 
+PAGED_ENTRY = Entry(
+    "fi_prefill_sm90_paged",
+    ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr kv_indices last_page_len
+     "ptr", "ptr", "i64", "i64", "i64",                 # o lse nnz_q num_pages page_size
+     "i64", "i64", "i64", "i64",                        # num_qo_heads num_kv_heads q strides (token, head)
+     "i64", "i64", "i64", "i64", "i64", "i64",          # k/v strides (page, token, head)
+     "i64", "i64",                                      # o strides
+     "i64", "i64", "f32", "i64", "stream"),             # batch max_qo_len sm_scale window_left stream
+)
+
+# KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
+def kv_tile(head_dim: int) -> int:
+    return 128 if head_dim <= 128 else 80
+
 
 @functools.cache
-def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch) -> KernelSpec:
-    """The module for one (dtype, head_dim, causal); ``arch`` must be 9.0a."""
+def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal, paged); ``arch`` must be 9.0a."""
     if dtype not in DTYPES:
         raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
     arch = Arch.parse(arch)
     return KernelSpec(
-        name=f"prefill_sm90_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}",
+        name=f"prefill_sm90_{'paged' if paged else 'ragged'}_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}",
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
             "FI_DTYPE_BF16": "1" if dtype == torch.bfloat16 else "0",
             "FI_HEAD_DIM": str(head_dim),
             "FI_CAUSAL": "1" if causal else "0",
+            "FI_PAGED": "1" if paged else "0",
         },
-        entries=(RAGGED_ENTRY,),
+        entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
         package="fi_attention",
     )
