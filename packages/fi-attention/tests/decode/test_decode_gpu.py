@@ -17,6 +17,9 @@ from fi_attention.reference import attention_reference, batch_decode_reference, 
 
 pytestmark = testing.gpu_only()
 DEV = "cuda"
+# Both decode kernels: the tensor-core one (decode_mma.cu; falls back to the CUDA-core kernel where
+# it does not apply: head_dim 256, RoPE, mixed 16-bit dtypes) and the CUDA-core one (decode.cu).
+KERNELS = pytest.mark.parametrize("backend", ["tensor-core", "cuda-core"])
 LSE_TOL = dict(dtype=torch.float32, atol=2e-3, rtol=1e-3)
 
 
@@ -43,11 +46,12 @@ def lengths(batch, kv_len, seed=0):
 
 
 def run_decode(lens, ps, hq, hkv, d, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, layout="NHD",
-               tuple_cache=False, plan_kw=None, run_kw=None, ref_kw=None, host_tables=True, seed=0):
+               tuple_cache=False, plan_kw=None, run_kw=None, ref_kw=None, host_tables=True, seed=0,
+               backend="auto"):
     cache, indptr, indices, last = make_batch(lens, ps, hkv, d, kv_dtype, layout, seed, tuple_cache)
     q = testing.randn((len(lens), hq, d), q_dtype, DEV, seed=seed + 7)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
-    w = BatchDecodeWithPagedKVCacheWrapper(ws, layout)
+    w = BatchDecodeWithPagedKVCacheWrapper(ws, layout, backend=backend)
     tables = (indptr, indices, last) if host_tables else (indptr.to(DEV), indices.to(DEV), last.to(DEV))
     w.plan(*tables, hq, hkv, d, ps, q_data_type=q_dtype, kv_data_type=kv_dtype, **(plan_kw or {}))
     out = testing.empty_poisoned(q.shape, q_dtype, DEV)
@@ -64,30 +68,33 @@ GRID = [(b, n, ps) for b in (1, 7, 128) for n in (1, 15, 97, 2048, 16384) for ps
 
 
 @pytest.mark.parametrize("batch,kv_len,page_size", GRID)
-def test_batch_decode_grid(batch, kv_len, page_size):
+@KERNELS
+def test_batch_decode_grid(batch, kv_len, page_size, backend):
     lens = lengths(batch, kv_len, seed=batch + kv_len)
-    out, lse, ro, rl, _ = run_decode(lens, page_size, 32, 8, 128)
+    out, lse, ro, rl, _ = run_decode(lens, page_size, 32, 8, 128, backend=backend)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 4), (32, 4), (32, 2), (12, 2), (7, 1)])
-def test_head_dims_and_groups(d, hq, hkv):
+@KERNELS
+def test_head_dims_and_groups(d, hq, hkv, backend):
     lens = [3000, 17, 1]  # one split request, two direct ones
-    out, lse, ro, rl, _ = run_decode(lens, 16, hq, hkv, d, q_dtype=torch.float16, kv_dtype=torch.float16)
+    out, lse, ro, rl, _ = run_decode(lens, 16, hq, hkv, d, q_dtype=torch.float16, kv_dtype=torch.float16, backend=backend)
     testing.assert_close(out, ro, dtype=torch.float16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-def test_fp8_kv_with_scales(kv_dtype, q_dtype):
+@KERNELS
+def test_fp8_kv_with_scales(kv_dtype, q_dtype, backend):
     lens = [5000, 333, 2]
     ks, vs = 0.7, 1.9
     out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                      run_kw=dict(k_scale=ks, v_scale=vs),
-                                     ref_kw=dict(k_scale=ks, v_scale=vs))
+                                     ref_kw=dict(k_scale=ks, v_scale=vs), backend=backend)
     testing.assert_close(out, ro, dtype=q_dtype)
     testing.assert_close(lse, rl, **LSE_TOL)
 
@@ -95,10 +102,11 @@ def test_fp8_kv_with_scales(kv_dtype, q_dtype):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("tuple_cache", [False, True])
 @pytest.mark.parametrize("page_size", [1, 5, 16])
-def test_layouts_and_cache_forms(layout, tuple_cache, page_size):
+@KERNELS
+def test_layouts_and_cache_forms(layout, tuple_cache, page_size, backend):
     lens = [1200, 40, 7, 1]
     out, lse, ro, rl, _ = run_decode(lens, page_size, 16, 2, 128, layout=layout, tuple_cache=tuple_cache,
-                                     host_tables=False)
+                                     host_tables=False, backend=backend)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
@@ -127,9 +135,10 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize("name,plan_kw,ref_kw", OPTIONS, ids=[o[0] for o in OPTIONS])
-def test_attention_options(name, plan_kw, ref_kw):
+@KERNELS
+def test_attention_options(name, plan_kw, ref_kw, backend):
     lens = [2048, 150, 1]
-    out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, plan_kw=plan_kw, ref_kw=ref_kw)
+    out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, plan_kw=plan_kw, ref_kw=ref_kw, backend=backend)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
@@ -142,10 +151,11 @@ def test_window_left_at_run_overrides_plan():
 
 
 @pytest.mark.parametrize("split", ["auto", "disabled", "fixed"])
-def test_split_modes_agree(split):
+@KERNELS
+def test_split_modes_agree(split, backend):
     lens = [9000, 4000, 1]
     kw = {"auto": {}, "disabled": dict(disable_split_kv=True), "fixed": dict(fixed_split_size=7)}[split]
-    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=kw)
+    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=kw, backend=backend)
     assert w._plan.split == (split != "disabled")
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
@@ -180,12 +190,14 @@ def test_batch_equals_single_decode_per_request():
 
 @pytest.mark.parametrize("kv_len", [1, 97, 32768])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_single_decode(kv_len, layout):
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+def test_single_decode(kv_len, layout, use_tensor_cores):
     q = testing.randn((32, 128), torch.bfloat16, DEV, seed=1)
     k = testing.randn((kv_len, 8, 128), torch.bfloat16, DEV, seed=2)
     v = testing.randn((kv_len, 8, 128), torch.bfloat16, DEV, seed=3)
     kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
-    o, lse = single_decode_with_kv_cache(q, kk, vv, kv_layout=layout, return_lse=True)
+    o, lse = single_decode_with_kv_cache(q, kk, vv, kv_layout=layout, return_lse=True,
+                                         use_tensor_cores=use_tensor_cores)
     ro, rl = attention_reference(q[None], k, v, return_lse=True)
     testing.assert_close(o, ro[0], dtype=torch.bfloat16)
     testing.assert_close(lse, rl[0], **LSE_TOL)
@@ -209,15 +221,18 @@ def _graph_tables(lens, ps, max_pages, seed):
     return indptr, perm.to(torch.int32), last
 
 
-def test_cuda_graph_replay_after_replan():
+@KERNELS
+def test_cuda_graph_replay_after_replan(backend):
     ps, hq, hkv, d, max_pages = 16, 32, 8, 128, 2048
     cache = testing.randn((max_pages, 2, ps, hkv, d), torch.bfloat16, DEV, seed=1)
     q = testing.randn((4, hq, d), torch.bfloat16, DEV, seed=2)
     indptr_buf = torch.zeros(5, dtype=torch.int32, device=DEV)
     indices_buf = torch.zeros(max_pages, dtype=torch.int32, device=DEV)
     last_buf = torch.zeros(4, dtype=torch.int32, device=DEV)
-    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(64 << 20, dtype=torch.uint8, device=DEV), indptr_buf, indices_buf, last_buf)
+    w = BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device=DEV), use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
+        paged_kv_last_page_len_buffer=last_buf, backend=backend)
     out = torch.empty_like(q)
     lse = torch.empty(4, hq, dtype=torch.float32, device=DEV)
     first = _graph_tables([30, 5000, 1, 700], ps, max_pages, seed=3)
@@ -257,3 +272,15 @@ def test_deterministic():
     w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=DEV))
     w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
     assert torch.equal(w.run(q, cache), w.run(q, cache))
+
+
+def test_cuda_graph_wrapper_class():
+    ps, max_pages = 16, 64
+    cache = testing.randn((max_pages, 2, ps, 8, 128), torch.bfloat16, DEV, seed=1)
+    q = testing.randn((2, 32, 128), torch.bfloat16, DEV, seed=2)
+    bufs = (torch.zeros(3, dtype=torch.int32, device=DEV), torch.zeros(max_pages, dtype=torch.int32, device=DEV),
+            torch.zeros(2, dtype=torch.int32, device=DEV))
+    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV), *bufs)
+    tables = _graph_tables([100, 7], ps, max_pages, seed=1)
+    w.plan(*tables, 32, 8, 128, ps, q_data_type=torch.bfloat16)
+    testing.assert_close(w.run(q, cache), batch_decode_reference(q, cache, *tables), dtype=torch.bfloat16)

@@ -17,7 +17,7 @@ from ..reference import batch_decode_reference
 from . import common
 from .launch import DecodeArgs, page_shift
 from .planner import kv_lengths, max_items, plan_decode
-from .spec import decode_spec, heads_per_cta
+from .spec import heads_per_cta, select_spec
 
 _OCCUPANCY: dict = {}
 
@@ -56,11 +56,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         Freeze the batch size and keep every device address fixed, so ``run()`` can be captured
         and replayed after a new ``plan()``. Needs the three ``paged_kv_*_buffer`` tensors.
     use_tensor_cores : bool
-        Accepted for compatibility; the default kernel is the fast one for every group size.
+        Prefer the tensor-core kernel where it applies (the default already does).
     paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer : torch.Tensor
         int32 device buffers ``[batch + 1]``, ``[max_pages]``, ``[batch]`` (CUDA-graph mode).
     backend : str
-        ``"auto"``, ``"fa2"``/``"cuda"`` (the CUDA kernel) or ``"reference"``.
+        ``"auto"`` (also ``"fa2"``, ``"cuda"``): the fastest kernel for the case;
+        ``"tensor-core"`` / ``"cuda-core"`` force a kernel; ``"reference"``: pure torch.
 
     Examples
     --------
@@ -85,14 +86,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not isinstance(float_workspace_buffer, torch.Tensor):
             raise InputTypeError("float_workspace_buffer must be a torch.Tensor, got "
                                  f"{type(float_workspace_buffer).__name__}")
-        if backend not in ("auto", "fa2", "cuda", "reference"):
-            raise InputError(f"backend must be 'auto', 'fa2', 'cuda' or 'reference', got {backend!r}")
+        if backend not in ("auto", "fa2", "cuda", "cuda-core", "tensor-core", "reference"):
+            raise InputError("backend must be 'auto', 'fa2', 'cuda', 'cuda-core', 'tensor-core' or "
+                             f"'reference', got {backend!r}")
         self._kv_layout = kv_layout
         self._float_ws = float_workspace_buffer
         self._device = float_workspace_buffer.device
         self._use_cuda_graph = use_cuda_graph
         self._use_tensor_cores = use_tensor_cores
-        self._backend = "cuda" if backend in ("fa2", "cuda") else backend
+        # "auto"/"fa2"/"cuda": the fastest kernel for the case; "cuda-core"/"tensor-core" force one
+        self._kernel = backend if backend in ("cuda-core", "tensor-core") else \
+            ("tensor-core" if use_tensor_cores else "auto")
+        self._backend = "reference" if backend == "reference" else "auto"
         if use_cuda_graph:
             for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
                               ("paged_kv_indices_buffer", paged_kv_indices_buffer),
@@ -183,8 +188,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
                    non_blocking):
         dev = self._device
         gh = heads_per_cta(group)
-        mod = load(decode_spec(self._q_dtype, self._kv_dtype, self._d, gh, self._pos,
-                               self._cap > 0, arch_of(dev)))
+        spec = select_spec(self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0,
+                           arch_of(dev), self._kernel)
+        self._kernel_name = spec.name
+        mod = load(spec)
         self._mod_launch = mod.fn("fi_batch_decode").raw
         self._mod = mod
         kv_units = self._hkv * (group // gh)

@@ -42,20 +42,7 @@ static_assert(GH >= 1 && GH <= 8, "1..8 query heads per CTA");
 
 using Raw = typename fi_attn::RawVec<KVT>::type;
 
-struct Params {
-  const QT* q; int64_t q_sb, q_sh;
-  const KVT* k; int64_t k_sp, k_st, k_sh;
-  const KVT* v; int64_t v_sp, v_st, v_sh;
-  const int* indptr; const int* indices; const int* last_len;
-  const int* work; const int* num_work;
-  QT* out; int64_t o_sb, o_sh; float* lse;
-  float* part_o; float* part_lse;
-  int hq, group, nsub, page_size, page_shift, window_left;
-  float q_mul;       // sm_scale * k_scale * (softcap ? 1/cap : log2 e)
-  float cap_mul;     // cap * log2 e
-  float v_scale;
-  float rope_rcp_scale, rope_log2_theta;
-};
+using Params = fi_attn::DecodeParams<QT, KVT>;
 
 // Angle of rotary pair `i` (0 <= i < D/2) at position `pos`: pos / (scale * theta^(2i/D)).
 __device__ __forceinline__ float rope_angle(const Params& p, int i, int pos) {
@@ -179,7 +166,8 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float x = s[g][u];
-        if constexpr (SOFTCAP) x = p.cap_mul * fi::tanh_approx(x);
+        // accurate tanh: tanh.approx's 2^-11 relative error, times the cap, would move the LSE
+        if constexpr (SOFTCAP) x = p.cap_mul * tanhf(x);
         if constexpr (POS == 2) x += alibi[g] * float(t0 + u - qpos);
         x = (t0 + u < hi) ? x : fi::kNegInf;
         s[g][u] = x;
@@ -204,7 +192,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
   }
 
   // Merge the ROWS softmax states of the CTA through shared memory.
-  __shared__ float sm_o[ROWS][GH][D];
+  __shared__ __align__(16) float sm_o[ROWS][GH][D];
   __shared__ float sm_m[ROWS][GH], sm_l[ROWS][GH];
 #pragma unroll
   for (int g = 0; g < GH; ++g) {
@@ -244,34 +232,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
 }  // namespace
 
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
-  Params p;
-  p.q = reinterpret_cast<const QT*>(a->q); p.q_sb = a->q_stride_b; p.q_sh = a->q_stride_h;
-  p.k = reinterpret_cast<const KVT*>(a->k);
-  p.k_sp = a->k_stride_page; p.k_st = a->k_stride_tok; p.k_sh = a->k_stride_head;
-  p.v = reinterpret_cast<const KVT*>(a->v);
-  p.v_sp = a->v_stride_page; p.v_st = a->v_stride_tok; p.v_sh = a->v_stride_head;
-  p.indptr = reinterpret_cast<const int*>(a->kv_indptr);
-  p.indices = reinterpret_cast<const int*>(a->kv_indices);
-  p.last_len = reinterpret_cast<const int*>(a->kv_last_page_len);
-  p.work = reinterpret_cast<const int*>(a->work);
-  p.num_work = reinterpret_cast<const int*>(a->num_work);
-  p.out = reinterpret_cast<QT*>(a->out); p.o_sb = a->o_stride_b; p.o_sh = a->o_stride_h;
-  p.lse = reinterpret_cast<float*>(a->lse);
-  p.part_o = reinterpret_cast<float*>(a->part_o);
-  p.part_lse = reinterpret_cast<float*>(a->part_lse);
-  p.hq = int(a->num_qo_heads);
-  p.group = int(a->num_qo_heads / a->num_kv_heads);
-  p.nsub = p.group / GH;
-  p.page_size = int(a->page_size);
-  p.page_shift = int(a->page_shift);
-  p.window_left = int(a->window_left);
-  const double log2e = 1.4426950408889634;
-  const double scale = a->sm_scale * a->k_scale;
-  p.q_mul = float(SOFTCAP ? scale / a->logits_soft_cap : scale * log2e);
-  p.cap_mul = float(a->logits_soft_cap * log2e);
-  p.v_scale = float(a->v_scale);
-  p.rope_rcp_scale = float(1.0 / a->rope_scale);
-  p.rope_log2_theta = float(log2(a->rope_theta));
+  const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   if (a->grid_items > 0) {
     dim3 grid(unsigned(a->grid_items), unsigned(a->num_kv_heads * p.nsub));
     decode_kernel<<<grid, NW * 32, 0, stream>>>(p);

@@ -8,6 +8,8 @@
 #include "fi/reduce.cuh"
 #include "fi/vec.cuh"
 
+#include "decode_args.h"
+
 namespace fi_attn {
 
 // Eight cache elements as one register word group: 16 bytes for 16-bit types, 8 for fp8.
@@ -21,14 +23,14 @@ __device__ __forceinline__ R ldg_stream(const void* ptr);
 template <>
 __device__ __forceinline__ uint4 ldg_stream<uint4>(const void* ptr) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr));
   return r;
 }
 template <>
 __device__ __forceinline__ uint2 ldg_stream<uint2>(const void* ptr) {
   uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
                : "=r"(r.x), "=r"(r.y) : "l"(ptr));
   return r;
 }
@@ -80,6 +82,66 @@ __device__ __forceinline__ float alibi_slope(int h, int num_heads) {
   int n = 1;
   while (n * 2 <= num_heads) n *= 2;
   return h < n ? exp2f(-8.0f * (h + 1) / n) : exp2f(-4.0f * (2 * (h - n) + 1) / n);
+}
+
+
+// Kernel-side arguments, built once per launch from the host DecodeArgs block.
+template <typename QT, typename KVT>
+struct DecodeParams {
+  const QT* q; int64_t q_sb, q_sh;
+  const KVT* k; int64_t k_sp, k_st, k_sh;
+  const KVT* v; int64_t v_sp, v_st, v_sh;
+  const int* indptr; const int* indices; const int* last_len;
+  const int* work; const int* num_work;
+  QT* out; int64_t o_sb, o_sh; float* lse;
+  float* part_o; float* part_lse;
+  int hq, group, nsub, page_size, page_shift, window_left;
+  float q_mul;       // sm_scale * k_scale * (softcap ? 1/cap : log2 e)
+  float cap_mul;     // cap * log2 e
+  float v_scale;
+  float rope_rcp_scale, rope_log2_theta;
+};
+
+template <typename QT, typename KVT>
+inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int gh) {
+  DecodeParams<QT, KVT> p;
+  p.q = reinterpret_cast<const QT*>(a->q); p.q_sb = a->q_stride_b; p.q_sh = a->q_stride_h;
+  p.k = reinterpret_cast<const KVT*>(a->k);
+  p.k_sp = a->k_stride_page; p.k_st = a->k_stride_tok; p.k_sh = a->k_stride_head;
+  p.v = reinterpret_cast<const KVT*>(a->v);
+  p.v_sp = a->v_stride_page; p.v_st = a->v_stride_tok; p.v_sh = a->v_stride_head;
+  p.indptr = reinterpret_cast<const int*>(a->kv_indptr);
+  p.indices = reinterpret_cast<const int*>(a->kv_indices);
+  p.last_len = reinterpret_cast<const int*>(a->kv_last_page_len);
+  p.work = reinterpret_cast<const int*>(a->work);
+  p.num_work = reinterpret_cast<const int*>(a->num_work);
+  p.out = reinterpret_cast<QT*>(a->out); p.o_sb = a->o_stride_b; p.o_sh = a->o_stride_h;
+  p.lse = reinterpret_cast<float*>(a->lse);
+  p.part_o = reinterpret_cast<float*>(a->part_o);
+  p.part_lse = reinterpret_cast<float*>(a->part_lse);
+  p.hq = int(a->num_qo_heads);
+  p.group = int(a->num_qo_heads / a->num_kv_heads);
+  p.nsub = p.group / gh;
+  p.page_size = int(a->page_size);
+  p.page_shift = int(a->page_shift);
+  p.window_left = int(a->window_left);
+  const double log2e = 1.4426950408889634;
+  const double scale = a->sm_scale * a->k_scale;
+  p.q_mul = float(softcap ? scale / a->logits_soft_cap : scale * log2e);
+  p.cap_mul = float(a->logits_soft_cap * log2e);
+  p.v_scale = float(a->v_scale);
+  p.rope_rcp_scale = float(1.0 / a->rope_scale);
+  p.rope_log2_theta = float(log2(a->rope_theta));
+  return p;
+}
+
+// Page-table lookup of token t of a request whose pages start at indices[page_lo].
+template <typename P>
+__device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& off) {
+  int page;
+  if (p.page_shift >= 0) { page = t >> p.page_shift; off = t & (p.page_size - 1); }
+  else { page = t / p.page_size; off = t - page * p.page_size; }
+  return p.indices[page_lo + page];
 }
 
 // One warp per (request, head): combines the request's partial states (base-2 LSE) into out.

@@ -23,7 +23,7 @@ from . import common
 from .batch import _ctas_per_sm
 from .launch import DecodeArgs
 from .planner import plan_decode
-from .spec import decode_spec, heads_per_cta
+from .spec import heads_per_cta, select_spec
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,7 +119,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if q.stride(-1) != 1 or q.data_ptr() % 16 or q.stride(0) % 8:
         raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {q.stride()}")
     gh = heads_per_cta(group)
-    mod = load(decode_spec(q.dtype, k.dtype, d, gh, pos_encoding_mode, cap > 0, arch_of(q.device)))
+    mod = load(select_spec(q.dtype, k.dtype, d, group, pos_encoding_mode, cap > 0, arch_of(q.device),
+                           "tensor-core" if use_tensor_cores else "auto"))
     sm = device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).sm_count
     meta, plan, off_merge, off_tab = _single_meta(q.device, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

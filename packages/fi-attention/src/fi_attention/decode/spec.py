@@ -42,6 +42,48 @@ def decode_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: 
     )
 
 
+# Whether the default ("auto") decode path uses the tensor-core kernel where it applies. The
+# CUDA-core kernel stays available (backend="cuda-core") and serves every other case.
+TENSOR_CORE_DEFAULT = True
+
+
+def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
+                         pos_encoding_mode: str) -> bool:
+    """decode_mma.cu covers head_dim 64/128, <= 8 query heads per CTA, no RoPE, and a 16-bit cache
+    of q's dtype or an fp8 cache."""
+    fp8 = kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    return (head_dim in (64, 128) and gh <= 8 and pos_encoding_mode != "ROPE_LLAMA"
+            and (fp8 or kv_dtype == q_dtype))
+
+
+@functools.cache
+def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
+                    pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
+    pos = POS_CODES[pos_encoding_mode]
+    return KernelSpec(
+        name=f"batch_decode_mma_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}",
+        sources=(_HERE / "decode_mma.cu",),
+        arch=arch,
+        defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
+                 "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap)},
+        entries=(Entry("fi_batch_decode", ("ptr", "stream")),
+                 Entry("fi_batch_decode_occupancy", ("ptr",))),
+        package="fi_attention",
+    )
+
+
+def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
+                kernel: str = "auto") -> KernelSpec:
+    """The decode module for a call. kernel: "auto", "tensor-core" (if eligible) or "cuda-core"."""
+    gh = heads_per_cta(group)
+    eligible = tensor_core_eligible(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode)
+    use_tc = eligible and (kernel == "tensor-core" or (kernel == "auto" and TENSOR_CORE_DEFAULT))
+    make = decode_mma_spec if use_tc else decode_spec
+    return make(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch)
+
+
 def representative_specs(arch: Arch) -> list[KernelSpec]:
     return [decode_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
-            decode_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch)]
+            decode_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
+            decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
+            decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch)]

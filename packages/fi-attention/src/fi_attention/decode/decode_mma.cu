@@ -1,0 +1,299 @@
+// Batch decode attention on tensor cores (mma.sync m16n8k16, SM80+), for GQA groups of up to 8
+// query heads and head_dim 64/128, without RoPE (that runs on decode.cu).
+//
+// Why: the CUDA-core kernel spends ~80 instructions per (token, kv head) on FMAs, dot-product
+// shuffles and conversions, close to the issue budget of an SM streaming K/V at 4.5 TB/s. Here a
+// warp handles 16 tokens per step with 32 MMAs and ~14 instructions per token.
+//
+// Fragment plan (row = query head, padded to 16; rows >= GH and 8..15 are zero):
+//   S[h, t] = Q[h, :] . K[t, :]    A = Q (registers for the whole kernel), B = K^T, 2 n-tiles of
+//                                  8 tokens. The k index order over head_dim is free as long as A
+//                                  and B agree: lane (g = lane/4, c = lane%4) takes
+//                                  d = c*D/4 + 4s + {0,1} | {2,3} for k-step s, so a lane's whole
+//                                  K slice is D/4 contiguous elements of token g: plain 16-byte
+//                                  loads straight from the page into registers, no shared memory.
+//   O[h, d] += P[h, t] V[t, d]     A = P (the S accumulators, as in FlashAttention-2), B = V with
+//                                  the n index order over head_dim also free: column g of n-tile j
+//                                  is d = g*D/8 + j, so a lane reads D/8 contiguous elements of
+//                                  each of its 4 tokens (2c, 2c+1, 8+2c, 9+2c) and pairs them with
+//                                  byte permutes.
+// fp8 caches are widened to f16 in registers (cvt.f16x2.e4m3x2 is one instruction) and the MMAs
+// run in f16. Q is not pre-scaled (it stays exact in the MMA type); S is scaled in fp32.
+#include <type_traits>
+
+#include "fi/common.cuh"
+#include "fi/math.cuh"
+#include "fi/vec.cuh"
+
+#include "decode_args.h"
+#include "decode_common.cuh"
+
+namespace {
+
+using QT = FI_Q;
+using KVT = FI_KV;
+constexpr int D = FI_HEAD_DIM;
+constexpr int GH = FI_GH;
+constexpr int POS = FI_POS;
+constexpr bool SOFTCAP = FI_SOFTCAP != 0;
+static_assert(POS != 1, "ROPE_LLAMA runs on the CUDA-core kernel");
+static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+static_assert(GH >= 1 && GH <= 8, "at most 8 query heads per CTA (MMA rows 0..7)");
+
+constexpr bool KV8 = sizeof(KVT) == 1;
+using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
+constexpr int NW = 4;
+constexpr int KD = D / 4;       // K elements per lane per token
+constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
+constexpr int KSTEPS = D / 16;
+constexpr int KBYTES = KD * int(sizeof(KVT));
+constexpr int VBYTES = VD * int(sizeof(KVT));
+
+using Params = fi_attn::DecodeParams<QT, KVT>;
+
+// BYTES of cache data as raw 32-bit words, loaded with 16-byte (or 8-byte) streaming loads.
+template <int BYTES>
+struct Raw {
+  static_assert(BYTES % 8 == 0, "8-byte granularity");
+  uint32_t w[BYTES / 4];
+  __device__ __forceinline__ void load(const KVT* ptr) {
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i) {
+        const uint4 v = fi_attn::ldg_stream<uint4>(reinterpret_cast<const char*>(ptr) + 16 * i);
+        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < BYTES / 8; ++i) {
+        const uint2 v = fi_attn::ldg_stream<uint2>(reinterpret_cast<const char*>(ptr) + 8 * i);
+        w[2 * i] = v.x; w[2 * i + 1] = v.y;
+      }
+    }
+  }
+};
+
+// Raw cache words -> pairs of MT elements (element 2i in the low half of word i).
+template <int N>
+__device__ __forceinline__ void to_pairs(const Raw<N * int(sizeof(KVT))>& r, uint32_t (&out)[N / 2]) {
+  if constexpr (!KV8) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) out[i] = r.w[i];
+  } else {
+    constexpr __nv_fp8_interpretation_t kind =
+        std::is_same_v<KVT, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] & 0xffffu), kind);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] >> 16), kind);
+      out[2 * i] = uint32_t(lo.x) | (uint32_t(lo.y) << 16);
+      out[2 * i + 1] = uint32_t(hi.x) | (uint32_t(hi.y) << 16);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t pack(float a, float b) {
+  if constexpr (std::is_same_v<MT, __half>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// d += A(16x16) * B(16x8); A rows 8..15 are always zero here (a1 = a3 = 0).
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  const uint32_t z = 0;
+  if constexpr (std::is_same_v<MT, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
+  }
+}
+
+__global__ void __launch_bounds__(NW * 32) decode_mma_kernel(const Params p) {
+  const int item = blockIdx.x;
+  if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
+  const int kvh = blockIdx.y / p.nsub;
+  const int qh0 = kvh * p.group + (blockIdx.y % p.nsub) * GH;
+  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
+  const int req = w.x, part = w.w;
+  const int page_lo = p.indptr[req];
+  const int npages = p.indptr[req + 1] - page_lo;
+  const int kv_len = npages > 0 ? (npages - 1) * p.page_size + p.last_len[req] : 0;
+  const int qpos = kv_len - 1;
+  int lo = w.y;
+  if (p.window_left >= 0) lo = max(lo, qpos - p.window_left);
+  const int hi = min(w.z, kv_len);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+
+  // A fragments of Q for row g (head qh0 + g): qa[s][0] = d c*KD + 4s + {0,1}, qa[s][1] = + {2,3}.
+  uint32_t qa[KSTEPS][2];
+  if (g < GH) {
+    const QT* qp = p.q + req * p.q_sb + (qh0 + g) * p.q_sh + c * KD;
+#pragma unroll
+    for (int i = 0; i < KD / 8; ++i) {
+      fi::vec_t<QT, 8> v;
+      v.load(qp + 8 * i);
+      qa[2 * i][0] = pack(fi::to_float(v[0]), fi::to_float(v[1]));
+      qa[2 * i][1] = pack(fi::to_float(v[2]), fi::to_float(v[3]));
+      qa[2 * i + 1][0] = pack(fi::to_float(v[4]), fi::to_float(v[5]));
+      qa[2 * i + 1][1] = pack(fi::to_float(v[6]), fi::to_float(v[7]));
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) qa[s][0] = qa[s][1] = 0u;
+  }
+  float slope = 0.f;
+  if constexpr (POS == 2) slope = fi_attn::alibi_slope(min(qh0 + g, p.hq - 1), p.hq) * fi::kLog2e;
+
+  float o[VD][4];
+#pragma unroll
+  for (int j = 0; j < VD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m = fi::kNegInf, l = 0.f;  // row g: m is uniform over the 4 lanes of the row, l partial
+
+  const KVT* kb = p.k + kvh * p.k_sh + c * KD;
+  const KVT* vb = p.v + kvh * p.v_sh + g * VD;
+  for (int base = lo + warp * 16; base < hi; base += NW * 16) {
+    // Rows past `hi` load the last valid row instead (no branch, no fault); their scores are
+    // masked to -inf, so their probabilities are exactly 0.
+    Raw<KBYTES> rk[2];
+    Raw<VBYTES> rv[4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      int off;
+      const int64_t pid = fi_attn::page_of(p, page_lo, min(base + 8 * i + g, hi - 1), off);
+      rk[i].load(kb + pid * p.k_sp + off * p.k_st);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int off;
+      const int t = base + 2 * c + (j & 1) + 8 * (j >> 1);
+      const int64_t pid = fi_attn::page_of(p, page_lo, min(t, hi - 1), off);
+      rv[j].load(vb + pid * p.v_sp + off * p.v_st);
+    }
+    float s[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      uint32_t kw[KD / 2];
+      to_pairs<KD>(rk[i], kw);
+#pragma unroll
+      for (int st = 0; st < KSTEPS; ++st) mma(s[i], qa[st][0], qa[st][1], kw[2 * st], kw[2 * st + 1]);
+    }
+    // Scores of row g: s[i][e] is token base + 8i + 2c + e.
+    float x[4];
+    float mx = m;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = base + 8 * i + 2 * c + e;
+        float v = s[i][e] * p.q_mul;
+        if constexpr (SOFTCAP) v = p.cap_mul * tanhf(v);
+        if constexpr (POS == 2) v += slope * float(t - qpos);
+        v = t < hi ? v : fi::kNegInf;
+        x[2 * i + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 2));
+    // token `base` < hi is visible, so mx is finite
+    const float corr = fi::exp2_approx(m - mx);
+    m = mx;
+    float pr[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pr[k] = fi::exp2_approx(x[k] - mx);
+    l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+#pragma unroll
+    for (int j = 0; j < VD; ++j) {
+      o[j][0] *= corr;
+      o[j][1] *= corr;
+    }
+    const uint32_t pa0 = pack(pr[0], pr[1]);  // P[g][tokens 2c, 2c+1]
+    const uint32_t pa2 = pack(pr[2], pr[3]);  // P[g][tokens 8+2c, 9+2c]
+    uint32_t vw[4][VD / 2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) to_pairs<VD>(rv[j], vw[j]);
+#pragma unroll
+    for (int j = 0; j < VD; ++j) {
+      const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of two words
+      const uint32_t b0 = __byte_perm(vw[0][j >> 1], vw[1][j >> 1], sel);
+      const uint32_t b1 = __byte_perm(vw[2][j >> 1], vw[3][j >> 1], sel);
+      mma(o[j], pa0, pa2, b0, b1);
+    }
+  }
+  l += __shfl_xor_sync(fi::kFullMask, l, 1);
+  l += __shfl_xor_sync(fi::kFullMask, l, 2);
+
+  // Merge the NW warp states through shared memory. Lane (g, c) holds row g at
+  // d = 2c*VD + j (o[j][0]) and (2c+1)*VD + j (o[j][1]).
+  __shared__ __align__(16) float sm_o[NW][GH][D];
+  __shared__ float sm_m[NW][GH], sm_l[NW][GH];
+  if (g < GH) {
+#pragma unroll
+    for (int j = 0; j < VD; ++j) {
+      sm_o[warp][g][2 * c * VD + j] = o[j][0];
+      sm_o[warp][g][(2 * c + 1) * VD + j] = o[j][1];
+    }
+    if (c == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < GH * D; e += NW * 32) {
+    const int gg = e / D, d = e % D;
+    float mx = fi::kNegInf;
+#pragma unroll
+    for (int r = 0; r < NW; ++r) mx = fmaxf(mx, sm_m[r][gg]);
+    float lsum = 0.f, acc = 0.f;
+    if (mx != fi::kNegInf) {
+#pragma unroll
+      for (int r = 0; r < NW; ++r) {
+        const float wr = fi::exp2_approx(sm_m[r][gg] - mx);
+        lsum += sm_l[r][gg] * wr;
+        acc += sm_o[r][gg][d] * wr;
+      }
+    }
+    const float val = lsum > 0.f ? acc * p.v_scale / lsum : 0.f;
+    const float lse = lsum > 0.f ? mx + __log2f(lsum) : fi::kNegInf;
+    const int h = qh0 + gg;
+    if (part < 0) {
+      p.out[req * p.o_sb + h * p.o_sh + d] = fi::from_float<QT>(val);
+      if (p.lse != nullptr && d == 0) p.lse[int64_t(req) * p.hq + h] = lse;
+    } else {
+      p.part_o[(int64_t(part) * p.hq + h) * D + d] = val;
+      if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
+    }
+  }
+}
+
+}  // namespace
+
+FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
+  const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
+  if (a->grid_items > 0) {
+    dim3 grid(unsigned(a->grid_items), unsigned(a->num_kv_heads * p.nsub));
+    decode_mma_kernel<<<grid, NW * 32, 0, stream>>>(p);
+    FI_TRY(cudaGetLastError());
+  }
+  if (a->merge_batch > 0) {
+    const cudaError_t err = fi_attn::launch_merge_partials<QT, D>(
+        p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch),
+        p.hq, p.out, p.o_sb, p.o_sh, p.lse, stream);
+    FI_TRY(err);
+  }
+  return FI_LAUNCH_STATUS();
+}
+
+FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
+  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_mma_kernel, NW * 32, 0));
+}
