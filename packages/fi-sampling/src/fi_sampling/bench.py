@@ -2,3 +2,4 @@
 
 from . import bench_rope  # noqa: F401
 from . import bench_sampling  # noqa: F401
+from . import bench_norm  # noqa: F401
