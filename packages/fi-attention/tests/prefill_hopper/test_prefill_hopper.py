@@ -141,7 +141,11 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
            strided=False, window_left=-1, page_size=0, layout="NHD"):
     dev = "cuda"
     nq, nkv = sum(qo_lens), sum(kv_lens)
-    if strided:  # q/k/v as column slices of wider buffers (token/head strides != dense)
+    if strided == "hnd":  # head-major views ([H, L, D] storage seen as [L, H, D])
+        q = testing.randn((hq, nq, d), dtype, dev, seed=seed).transpose(0, 1)
+        k = testing.randn((hkv, nkv, d), dtype, dev, seed=seed + 1).transpose(0, 1)
+        v = testing.randn((hkv, nkv, d), dtype, dev, seed=seed + 2).transpose(0, 1)
+    elif strided:  # q/k/v as column slices of wider buffers (token/head strides != dense)
         q = testing.randn((nq, hq, d + 64), dtype, dev, seed=seed)[:, :, :d]
         kv = testing.randn((nkv, hkv, 2, d), dtype, dev, seed=seed + 1)
         k, v = kv[:, :, 0], kv[:, :, 1]
@@ -277,6 +281,8 @@ def test_mha_no_lse_strided():
     _needs_sm90()
     _check([777], [777], causal=True, hq=4, hkv=4, with_lse=False, strided=True, seed=9)
     _check([3, 500], [300, 500], causal=False, hq=8, hkv=1, strided=True, seed=11)
+    _check([1000], [1000], causal=True, strided="hnd", seed=12)
+    _check([129, 77], [1000, 77], causal=False, strided="hnd", seed=14)
 
 
 @pytest.mark.gpu

@@ -147,6 +147,9 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise InputError(f"v must match k in [tokens, heads], got {tuple(v.shape)} vs {tuple(k.shape)}")
     if hkv == 0 or hq % hkv:
         raise InputError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
+    if hkv > 1 and (k.stride(1) > k.stride(0)) != (v.stride(1) > v.stride(0)):
+        raise InputError(f"k and v must share a layout (both token-major or both head-major), got "
+                         f"strides {k.stride()} and {v.stride()}")
     if tuple(out.shape[:2]) != (nnz_q, hq):
         raise InputError(f"out must be [{nnz_q}, {hq}, {d}], got {tuple(out.shape)}")
     if lse is not None:

@@ -1,6 +1,7 @@
 """Benchmark of the Hopper fa3 prefill kernel (``run_ragged``) against torch SDPA in the same run.
 
-Registered as routine ``single_prefill_fa3`` (``fi_attention/bench.py`` must import this module);
+Registered as routines ``single_prefill_fa3`` and ``batch_prefill_paged_fa3``
+(``fi_attention/bench.py`` must import this module);
 also runnable alone: ``python3 -m fi_attention.prefill.hopper.bench [--quick]``.
 Configs follow shared/TARGETS.md: causal single prefill, GQA 32/8, head_dim 128, bf16.
 """
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from fi_core import testing
 from fi_core.bench import BenchRow, RoutineArgs, format_table, rotating_inputs, routine, time_fn
 
-from . import run_ragged
+from . import run_paged, run_ragged
 
 # (L, causal, target TFLOP/s from TARGETS.md or None)
 CONFIGS = ((4096, True, 570.0), (16384, True, 640.0), (4096, False, None), (8192, True, None))
@@ -74,10 +75,70 @@ def single_prefill_fa3(args: RoutineArgs):
                        backend="fa3", extra={"rel_err_vs_sdpa": err})
 
 
+@routine("batch_prefill_paged_fa3", family="fi-attention",
+         help="fa3 (Hopper) paged batch prefill 16 x 2048, page 16, GQA 32/8, d 128, bf16 vs SDPA")
+def batch_prefill_paged_fa3(args: RoutineArgs):
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16
+    batch, L, page = (4, 2048, 16) if args.quick else (16, 2048, 16)
+    pages_per = L // page
+    total_pages = batch * pages_per
+    scale = D ** -0.5
+    i32 = dict(dtype=torch.int32, device=dev)
+
+    def make(i):
+        q = testing.randn((batch * L, HQ, D), dtype, dev, seed=5 * i)
+        cache = testing.randn((total_pages, 2, page, HKV, D), dtype, dev, seed=5 * i + 1)  # NHD
+        # Shuffled page ids, as in a real cache after some churn.
+        indices = torch.randperm(total_pages, generator=testing.generator(i)).to(**i32)
+        return q, cache, indices, torch.empty_like(q)
+
+    sets = rotating_inputs(make, dev, max_sets=4)
+    qo_indptr = torch.arange(0, batch + 1, **i32) * L
+    kv_indptr = torch.arange(0, batch + 1, **i32) * pages_per
+    last = torch.full((batch,), page, **i32)
+
+    def ours(q, cache, indices, out):
+        k, v = cache[:, 0], cache[:, 1]
+        run_paged(q, k, v, qo_indptr, kv_indptr, indices, last, out, None,
+                  k_strides=(k.stride(0), k.stride(1), k.stride(2)),
+                  v_strides=(v.stride(0), v.stride(1), v.stride(2)), page_size=page, causal=True,
+                  sm_scale=scale, max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
+
+    def gathered(cache, indices):
+        # [B, H, L, D] contiguous K/V per request: the best case for the dense baseline.
+        kv = cache[indices.long()].view(batch, pages_per, 2, page, HKV, D)
+        kv = kv.permute(2, 0, 4, 1, 3, 5).reshape(2, batch, HKV, L, D)
+        return kv[0].contiguous(), kv[1].contiguous()
+
+    base_sets = []
+    for q, cache, indices, out in sets:
+        k, v = gathered(cache, indices)
+        base_sets.append((q.view(batch, L, HQ, D).transpose(1, 2), k, v))
+
+    def base(qb, k, v):
+        return F.scaled_dot_product_attention(qb, k, v, is_causal=True, enable_gqa=True)
+
+    q, cache, indices, out = sets[0]
+    ours(q, cache, indices, out)
+    ref = base(*base_sets[0]).transpose(1, 2).reshape(batch * L, HQ, D)
+    err = testing.rel_error(out, ref)
+    if not err < 2e-2:
+        raise AssertionError(f"fa3 paged batch: rel. error vs SDPA {err:.3e}")
+    t_ours = time_fn(ours, sets, reps=20, min_calls_per_replay=4)
+    t_base = time_fn(base, base_sets, reps=20, min_calls_per_replay=4)
+    flops = batch * attention_flops(L, L, HQ, D, True)
+    yield BenchRow("batch_prefill_paged_fa3", f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16",
+                   t_ours, flops=flops, baseline=("torch SDPA (contiguous KV)", t_base),
+                   target_us=flops / 560e12 * 1e6 if batch == 16 else None, backend="fa3",
+                   extra={"rel_err_vs_sdpa": err})
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    a = RoutineArgs(quick="--quick" in argv)
     rows = [r.metrics(torch.cuda.get_device_name()) for r in
-            single_prefill_fa3(RoutineArgs(quick="--quick" in argv))]
+            [*single_prefill_fa3(a), *batch_prefill_paged_fa3(a)]]
     print(format_table(rows))
 
 

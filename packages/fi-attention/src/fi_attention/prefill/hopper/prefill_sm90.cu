@@ -118,6 +118,7 @@ struct Params {
   const int* kv_indices;
   const int* last_page_len;
   int page_size;
+  int q_heads_outer, kv_heads_outer;  // ragged/Q maps: 1 = dims (d, token, head) (head stride > token)
   int heads_outer;  // 1: map dims (d, token, head, page) (HND caches); 0: (d, head, token, page)
   float scale_log2;  // sm_scale * log2(e): softmax in base 2
 };
@@ -151,6 +152,12 @@ FI_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2);
+// Rows `token..` of one head; heads_outer maps (HND-strided tensors) have dims (d, token, head).
+FI_DEVICE void tma_load_rows(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int head, int token,
+                             int heads_outer) {
+  tma_load_3d(dst, map, bar, col, heads_outer ? token : head, heads_outer ? head : token);
 }
 FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
   asm volatile(
@@ -282,8 +289,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       if (lane == 0) {
         mbar_expect_tx(&ss.bar_q, kQBytes);
         for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
-                      qo_start + m_block * kBlockM);
+          tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
+                        qo_start + m_block * kBlockM, p.q_heads_outer);
       }
       for (int it = 0; it < n_end - n_start; ++it) {
         const int n = n_end - 1 - it;
@@ -318,8 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
       mbar_expect_tx(&ss.bar_q, kQBytes);
       for (int bx = 0; bx < kBoxes; ++bx)
-        tma_load_3d(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
-                    qo_start + m_block * kBlockM);
+        tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
+                      qo_start + m_block * kBlockM, p.q_heads_outer);
       for (int it = 0; it < n_end - n_start; ++it) {
         const int n = n_end - 1 - it;
         const int s = it % kStages;
@@ -328,12 +335,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
         mbar_expect_tx(&ss.full_k[s], kKVBytes);
         for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
-                      kv_start + n * kBlockN);
+          tma_load_rows(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
+                        kv_start + n * kBlockN, p.kv_heads_outer);
         mbar_expect_tx(&ss.full_v[s], kKVBytes);
         for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
-                      kv_start + n * kBlockN);
+          tma_load_rows(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
+                        kv_start + n * kBlockN, p.kv_heads_outer);
       }
     }
 #endif
@@ -528,13 +535,16 @@ inline EncodeTiledFn encode_fn() {
 
 // Map over a [tokens, heads, kHeadDim] tensor (strides in elements, last dim contiguous); one box =
 // `rows` tokens x 64 columns of one head, 128B-swizzled. Out-of-range tokens read as zeros.
+// With heads_outer the dims are (d, token, head), so strides stay increasing for HND-strided views.
 inline bool encode_qkv(CUtensorMap* map, const void* ptr, int64_t tokens, int64_t heads, int64_t tok_stride,
-                       int64_t head_stride, int rows) {
+                       int64_t head_stride, int rows, bool heads_outer = false) {
   EncodeTiledFn fn = encode_fn();
   if (fn == nullptr) return false;
-  cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads), cuuint64_t(tokens)};
-  cuuint64_t strides[2] = {cuuint64_t(head_stride) * sizeof(Element), cuuint64_t(tok_stride) * sizeof(Element)};
-  cuuint32_t box[3] = {cuuint32_t(kBoxCols), 1u, cuuint32_t(rows)};
+  cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads_outer ? tokens : heads),
+                        cuuint64_t(heads_outer ? heads : tokens)};
+  cuuint64_t strides[2] = {cuuint64_t(heads_outer ? tok_stride : head_stride) * sizeof(Element),
+                           cuuint64_t(heads_outer ? head_stride : tok_stride) * sizeof(Element)};
+  cuuint32_t box[3] = {cuuint32_t(kBoxCols), heads_outer ? cuuint32_t(rows) : 1u, heads_outer ? 1u : cuuint32_t(rows)};
   cuuint32_t estrides[3] = {1u, 1u, 1u};
   const CUtensorMapDataType dt =
       FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -611,10 +621,15 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
   Params p{};
-  if (!encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM) ||
-      !encode_qkv(&p.tma_k, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN) ||
-      !encode_qkv(&p.tma_v, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN))
+  const bool q_outer = num_qo_heads > 1 && q_head > q_tok;
+  const bool kv_outer = num_kv_heads > 1 && k_head > k_tok;
+  if ((num_kv_heads > 1 && (v_head > v_tok) != kv_outer) ||
+      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
+      !encode_qkv(&p.tma_k, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN, kv_outer) ||
+      !encode_qkv(&p.tma_v, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN, kv_outer))
     return cudaErrorInvalidValue;
+  p.q_heads_outer = q_outer ? 1 : 0;
+  p.kv_heads_outer = kv_outer ? 1 : 0;
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
@@ -642,8 +657,10 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   Params p{};
   // Both halves of one cache share a layout; HND (head stride > token stride) swaps map dims 1, 2.
   const bool heads_outer = num_kv_heads > 1 && k_head > k_tok;
+  const bool q_outer = num_qo_heads > 1 && q_head > q_tok;
+  p.q_heads_outer = q_outer ? 1 : 0;
   if ((num_kv_heads > 1 && (v_head > v_tok) != heads_outer) ||
-      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM) ||
+      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
       !encode_paged(&p.tma_k, k, num_pages, page_size, num_kv_heads, k_page, k_tok, k_head, heads_outer) ||
       !encode_paged(&p.tma_v, v, num_pages, page_size, num_kv_heads, v_page, v_tok, v_head, heads_outer))
     return cudaErrorInvalidValue;
