@@ -27,19 +27,19 @@ _SINGLE_WORKSPACE_BYTES = 256 << 20
 
 
 @functools.lru_cache(maxsize=256)
-def _single_schedule(device, dtype, qo_len, kv_len, num_kv_heads, group, dqk, dvo, causal, window_left):
+def _single_schedule(device, dtype, qo_len, kv_len, num_kv_heads, group, dqk, dvo, causal, window_left,
+                     custom_mask):
     plan = plan_for_call([qo_len], [kv_len], device=device, dtype=dtype, num_kv_heads=num_kv_heads,
                          group=group, head_dim_qk=dqk, head_dim_vo=dvo, paged=False, causal=causal,
-                         window_left=window_left, workspace_bytes=_SINGLE_WORKSPACE_BYTES)
-    return plan, make_schedule(plan, device, None if plan.num_slots == 0 else _dummy_ws(plan, dvo, dqk, device),
+                         window_left=window_left, workspace_bytes=_SINGLE_WORKSPACE_BYTES,
+                         custom_mask=custom_mask)
+    return plan, make_schedule(plan, device, None if plan.num_slots == 0 else _partials(plan, dvo, device),
                                dqk, dvo, non_blocking=False)
 
 
-def _dummy_ws(plan, dvo, dqk, device):
-    # Placeholder with the right size so make_schedule validates; run() swaps in a fresh buffer.
-    from .spec import cta_rows  # noqa: PLC0415
-
-    return torch.empty(plan.num_slots * cta_rows(dqk, dvo) * (dvo + 1), dtype=torch.float32, device=device)
+def _partials(plan, dvo, device):
+    """fp32 storage for a plan's split-KV partial states (o and lse)."""
+    return torch.empty(plan.num_slots * plan.cta_rows * (dvo + 1), dtype=torch.float32, device=device)
 
 
 def _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_mode, window_left,
@@ -189,9 +189,9 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             packed_mask=packed_custom_mask)
         if choice.name == "fa2":
             plan, sched = _single_schedule(q.device, q.dtype, lq, lkv, hkv, hq // hkv, dqk, dvo,
-                                           bool(causal), int(window_left))
-            if plan.num_slots:
-                ws = _dummy_ws(plan, dvo, dqk, q.device)
+                                           bool(causal), int(window_left), packed_custom_mask is not None)
+            if plan.num_slots:  # fresh partial storage per call: concurrent streams never share it
+                ws = _partials(plan, dvo, q.device)
                 n_o = sched.tmp_o.numel()
                 sched = type(sched)(**{**sched.__dict__, "tmp_o": ws[:n_o], "tmp_lse": ws[n_o:]})
             call.schedule = sched

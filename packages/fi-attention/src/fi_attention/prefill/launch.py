@@ -108,15 +108,15 @@ def _occupancy(spec) -> int:
 
 
 def grid_size(device: torch.device, dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int,
-              paged: bool) -> int:
+              paged: bool, custom_mask: bool = False) -> int:
     """Persistent CTAs: SM count (read from the device) x resident CTAs per SM."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    spec = fa2_spec(dtype, head_dim_qk, head_dim_vo, paged, arch_of(device))
+    spec = fa2_spec(dtype, head_dim_qk, head_dim_vo, paged, arch_of(device), custom_mask=custom_mask)
     return device_info(idx).sm_count * _occupancy(spec)
 
 
-def max_slots_for(workspace_bytes: int, head_dim_qk: int, head_dim_vo: int) -> int:
-    return workspace_bytes // (cta_rows(head_dim_qk, head_dim_vo) * (head_dim_vo + 1) * 4)
+def max_slots_for(workspace_bytes: int, head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
+    return workspace_bytes // (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * (head_dim_vo + 1) * 4)
 
 
 def make_schedule(plan: Plan, device: torch.device, float_workspace: Optional[torch.Tensor],
@@ -124,7 +124,7 @@ def make_schedule(plan: Plan, device: torch.device, float_workspace: Optional[to
                   non_blocking: bool = True) -> Fa2Schedule:
     """Copy a plan to the device. ``int_buffers`` (CUDA-graph mode) are preallocated int32
     tensors 'work', 'work_indptr', 'merge', 'merge_count' that are filled in place."""
-    rows = cta_rows(head_dim_qk, head_dim_vo)
+    rows = plan.cta_rows
     host = {
         "work": torch.from_numpy(np.ascontiguousarray(plan.work.reshape(-1))),
         "work_indptr": torch.from_numpy(np.ascontiguousarray(plan.work_indptr)),
@@ -149,8 +149,7 @@ def make_schedule(plan: Plan, device: torch.device, float_workspace: Optional[to
     # depend on whether this particular plan split anything.
     slots = plan.num_slots
     if int_buffers is not None and float_workspace is not None:
-        slots = max(slots, max_slots_for(float_workspace.numel() * float_workspace.element_size(),
-                                         head_dim_qk, head_dim_vo))
+        slots = max(slots, float_workspace.numel() * float_workspace.element_size() // (rows * (head_dim_vo + 1) * 4))
     if slots:
         n_o = slots * rows * head_dim_vo
         n_l = slots * rows
@@ -180,6 +179,9 @@ def run_fa2(c: PrefillCall) -> None:
     softcap = c.logits_soft_cap is not None and c.logits_soft_cap > 0
     spec = fa2_variant(c.q.dtype, c.head_dim_qk, c.head_dim_vo, c.paged, c.q.device,
                        c.packed_mask is not None, softcap, alibi)
+    rows = cta_rows(c.head_dim_qk, c.head_dim_vo, c.packed_mask is not None)
+    if s.plan is not None and s.plan.cta_rows != rows:
+        raise RuntimeError(f"fa2 schedule was planned for {s.plan.cta_rows}-row tiles, the kernel uses {rows}")
     mod = load(spec)
     ip = np.zeros(len(INT_PARAMS), dtype=np.int64)
     fp = np.zeros(len(FLOAT_PARAMS), dtype=np.float64)
@@ -212,14 +214,14 @@ def run_fa2(c: PrefillCall) -> None:
 
 
 def plan_for_call(qo_lens, kv_lens, *, device, dtype, num_kv_heads, group, head_dim_qk,
-                  head_dim_vo, paged, causal, window_left, workspace_bytes, allow_split=True,
-                  num_ctas=None) -> Plan:
-    rows = cta_rows(head_dim_qk, head_dim_vo)
+                  head_dim_vo, paged, causal, window_left, workspace_bytes, custom_mask=False,
+                  allow_split=True, num_ctas=None) -> Plan:
+    rows = cta_rows(head_dim_qk, head_dim_vo, custom_mask)
     if num_ctas is None:
-        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged)
+        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged, custom_mask)
     return plan_fa2(qo_lens, kv_lens, num_kv_heads=num_kv_heads, group=group, cta_rows=rows,
                     causal=causal, window_left=window_left, num_ctas=num_ctas,
-                    max_slots=max_slots_for(workspace_bytes, head_dim_qk, head_dim_vo),
+                    max_slots=max_slots_for(workspace_bytes, head_dim_qk, head_dim_vo, custom_mask),
                     allow_split=allow_split)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KV_TILE = 64  # kv tokens per kernel iteration (prefill_fa2.cu KN)
+KV_TILE = 64  # cost unit and split granularity in kv tokens (a multiple of every kernel kv tile)
 
 # Columns of the work and merge tables (prefill_fa2.cu kWorkFields / kMergeFields).
 WORK_FIELDS = ("request", "kv_head", "row_start", "kv_start", "kv_end", "slot")
@@ -33,6 +33,7 @@ class Plan:
     merge: np.ndarray         # int32 [num_merge, 5]
     num_slots: int            # partial (o, lse) slots of cta_rows rows each
     cta_loads: np.ndarray     # int64 [num_ctas] modelled cost per CTA (kv tiles + 1 per item)
+    cta_rows: int = 0         # packed rows per work item
 
     @property
     def num_ctas(self) -> int:
@@ -84,7 +85,7 @@ def plan_fa2(qo_lens, kv_lens, *, num_kv_heads: int, group: int, cta_rows: int, 
             tiles.append((b, rs, lo, hi))
     if not tiles:
         return Plan(np.zeros((0, 6), np.int32), np.zeros(num_ctas + 1, np.int32),
-                    np.zeros((0, 5), np.int32), 0, np.zeros(num_ctas, np.int64))
+                    np.zeros((0, 5), np.int32), 0, np.zeros(num_ctas, np.int64), cta_rows)
     t = np.asarray(tiles, dtype=np.int64)
     ntile = -(-(t[:, 3] - t[:, 2]) // KV_TILE)
 
@@ -132,4 +133,4 @@ def plan_fa2(qo_lens, kv_lens, *, num_kv_heads: int, group: int, cta_rows: int, 
     np.cumsum(counts, out=indptr[1:])
     loads = np.bincount(owner, weights=cost, minlength=num_ctas).astype(np.int64)
     return Plan(work.astype(np.int32), indptr.astype(np.int32),
-                np.asarray(merges, dtype=np.int32).reshape(-1, 5), slot, loads)
+                np.asarray(merges, dtype=np.int32).reshape(-1, 5), slot, loads, cta_rows)

@@ -7,12 +7,13 @@
 // "Packed" rows fold
 // the GQA group into the row dimension: packed row r of a request is query token r / G, qo head
 // kv_head * G + r % G, so all G query heads that share a KV head reuse one K/V tile.
-// Each warp owns 16 packed rows; the softmax is online, in base 2, in registers. A work item
+// Each warp owns 16 * MT packed rows; the softmax is online, in base 2, in registers. A work item
 // whose request was split along KV (short queries over long KV) writes fp32 partial (o, lse) to
 // the workspace; fi_prefill_fa2_merge combines them (same math as merge_states).
 //
 // Compile-time configuration (one instantiation per module, from spec.py):
-//   FI_T (q/k/v/o element type), FI_D_QK, FI_D_VO, FI_NUM_WARPS, FI_PAGED, FI_CUSTOM_MASK,
+//   FI_T (q/k/v/o element type), FI_D_QK, FI_D_VO, FI_NUM_WARPS, FI_M_TILES, FI_KV_TILE, FI_PAGED,
+//   FI_CUSTOM_MASK,
 //   FI_SOFTCAP, FI_ALIBI.
 #include "fi/common.cuh"
 #include "fi/math.cuh"
@@ -26,9 +27,11 @@ using T = FI_T;
 constexpr int DQK = FI_D_QK;
 constexpr int DVO = FI_D_VO;
 constexpr int NW = FI_NUM_WARPS;
+constexpr int MT = FI_M_TILES;      // 16-row mma blocks per warp: K/V fragments are reused MT times
 constexpr int NT = NW * 32;
-constexpr int CTA_M = NW * 16;      // packed query rows per CTA
-constexpr int KN = 64;              // kv tokens per tile
+constexpr int WARP_M = MT * 16;     // packed query rows per warp
+constexpr int CTA_M = NW * WARP_M;  // packed query rows per CTA
+constexpr int KN = FI_KV_TILE;      // kv tokens per tile (32 or 64)
 constexpr int CQK = DQK * 2 / 16;   // 16-byte chunks per Q/K row
 constexpr int CVO = DVO * 2 / 16;   // 16-byte chunks per V row
 static_assert(sizeof(T) == 2, "fa2 kernel takes 16-bit q/k/v");
@@ -108,7 +111,9 @@ template <int CH>
 __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const T* g_base, int64_t sp,
                                              int64_t sn, int64_t sh, const Params& p,
                                              const Request& r, int t0, int kv_hi, int h) {
-#pragma unroll
+  // Not unrolled: an unrolled loop keeps every row's 64-bit source address live at once, and
+  // those registers are what the mma accumulators need.
+#pragma unroll 1
   for (int i = threadIdx.x; i < KN * CH; i += NT) {
     const int row = i / CH, ch = i % CH;
     const int pos = t0 + row;
@@ -126,9 +131,10 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   const int G = p.group;
   const int off = r.kv_len - r.qo_len;  // causal diagonal offset (bottom-right alignment)
 
+  // Shared memory: Q tile, then two stages of (K tile, V tile).
   const uint32_t sQ = fi::smem_u32(smem);
-  const uint32_t sK = sQ + CTA_M * DQK * 2;
-  const uint32_t sV = sK + KN * DQK * 2;
+  const uint32_t sKV = sQ + CTA_M * DQK * 2;
+  constexpr uint32_t kStageBytes = KN * (DQK + DVO) * 2;
 
   // kv range of this CTA: the work item's range, clipped by causality and the window.
   const int min_qi = row_start / G;
@@ -147,176 +153,203 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     const T* src = ok ? p.q + (int64_t)(r.qo_start + qi) * p.q_sn + (int64_t)hq * p.q_sh + ch * 8 : p.q;
     fi::cp_async_16(sQ + (row * CQK + fi::swizzle_chunk(row, ch)) * 16, src, ok);
   }
-  if (n_tiles > 0) load_kv_tile<CQK>(sK, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, kv_lo, kv_hi, kvh);
+  if (n_tiles > 0) {
+    load_kv_tile<CQK>(sKV, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, kv_lo, kv_hi, kvh);
+    load_kv_tile<CVO>(sKV + KN * DQK * 2, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, kv_lo, kv_hi, kvh);
+  }
   fi::cp_async_commit();
 
-  // Per-thread rows: h = 0 -> row g, h = 1 -> row g + 8 of this warp's 16.
-  int qi_of[2], diag[2];
-  float alibi_slope[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pr = row_start + warp * 16 + g + 8 * h;
-    qi_of[h] = pr / G;
-    diag[h] = qi_of[h] + off;
-#if FI_ALIBI
-    alibi_slope[h] = p.alibi[kvh * G + (pr - qi_of[h] * G)] * fi::kLog2e;
-#else
-    alibi_slope[h] = 0.f;
-#endif
-  }
+  // This thread's rows: (mt, h) -> packed row row_start + warp * WARP_M + mt * 16 + g + 8 h.
+  // Their token index is recomputed where needed instead of held in registers (the
+  // accumulators need every register).
+  const int my_row = row_start + warp * WARP_M + g;
   const int diag_min = min_qi + off, diag_max = max_qi + off;
 #if FI_CUSTOM_MASK
   const uint8_t* mask = p.mask + (p.mask_indptr != nullptr ? p.mask_indptr[req] : 0);
 #endif
 
-  float o[DVO / 8][4];
+  float o[MT][DVO / 8][4];
+  float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int i = 0; i < DVO / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {fi::kNegInf, fi::kNegInf}, l[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < DVO / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    m[mt][0] = m[mt][1] = fi::kNegInf;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
 
-  const int q_row = warp * 16 + (lane & 15);
   for (int it = 0; it < n_tiles; ++it) {
     const int t0 = kv_lo + it * KN;
-    // K[it] (and Q) landed; every warp finished P*V of the previous tile, so V's buffer is free.
+    const uint32_t sK = sKV + (it & 1) * kStageBytes;
+    const uint32_t sV = sK + KN * DQK * 2;
+    // Two-stage pipeline, one barrier per tile: tile `it` (issued one iteration ago) has landed,
+    // and every warp has finished tile it-1, so its stage can take tile it+1 while this one is
+    // being computed.
     fi::cp_async_wait<0>();
     __syncthreads();
-    load_kv_tile<CVO>(sV, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0, kv_hi, kvh);
-    fi::cp_async_commit();
+    if (it + 1 < n_tiles) {
+      const uint32_t sK1 = sKV + ((it + 1) & 1) * kStageBytes;
+      load_kv_tile<CQK>(sK1, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0 + KN, kv_hi, kvh);
+      load_kv_tile<CVO>(sK1 + KN * DQK * 2, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0 + KN, kv_hi, kvh);
+      fi::cp_async_commit();
+    }
 
-    // S = Q K^T (16 x KN per warp).
-    float s[KN / 8][4];
+    // S = Q K^T (WARP_M x KN per warp); each K fragment feeds all MT row blocks.
+    float s[MT][KN / 8][4];
 #pragma unroll
-    for (int i = 0; i < KN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < KN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < DQK / 16; ++ks) {
-      uint32_t a[4];
-      fi::ldmatrix_x4(a, sQ + (q_row * CQK + fi::swizzle_chunk(q_row, ks * 2 + (lane >> 4))) * 16);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int qr = warp * WARP_M + mt * 16 + (lane & 15);
+        fi::ldmatrix_x4(a[mt], sQ + (qr * CQK + fi::swizzle_chunk(qr, ks * 2 + (lane >> 4))) * 16);
+      }
 #pragma unroll
       for (int np = 0; np < KN / 16; ++np) {
         const int kr = np * 16 + ((lane >> 4) << 3) + (lane & 7);
         uint32_t b[4];
         fi::ldmatrix_x4(b, sK + (kr * CQK + fi::swizzle_chunk(kr, ks * 2 + ((lane >> 3) & 1))) * 16);
-        fi::mma_16816<T>(s[2 * np], a, b[0], b[1]);
-        fi::mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          fi::mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+          fi::mma_16816<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
-    // Logits in base 2, masking, online softmax.
+    // Logits in base 2, masking, online softmax. Tiles strictly inside every row's visible
+    // range (most of a long causal prefill) skip the per-element mask.
     const bool need_mask = FI_CUSTOM_MASK || t0 + KN > kv_hi || (p.causal && t0 + KN - 1 > diag_min) ||
                            (p.window_left >= 0 && t0 < diag_max - p.window_left);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nb = 0; nb < KN / 8; ++nb) {
+      for (int h = 0; h < 2; ++h) {
+        const int pr = my_row + mt * 16 + 8 * h;
+        const int qi = pr / G;
+        const int diag = qi + off;
+#if FI_ALIBI
+        const float alibi_slope = __ldg(p.alibi + kvh * G + (pr - qi * G)) * fi::kLog2e;
+#endif
+        float mx = m[mt][h];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = s[nb][2 * h + e];
-          const int kv = t0 + nb * 8 + 2 * t + e;
+        for (int nb = 0; nb < KN / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = s[mt][nb][2 * h + e];
+            const int kv = t0 + nb * 8 + 2 * t + e;
 #if FI_SOFTCAP
-          x = fi::tanh_approx(x * p.softcap_pre) * p.softcap_post;
+            x = fi::tanh_approx(x * p.softcap_pre) * p.softcap_post;
 #else
-          x *= p.scale_log2;
+            x *= p.scale_log2;
 #endif
 #if FI_ALIBI
-          x += alibi_slope[h] * (float)(kv - diag[h]);
+            x += alibi_slope * (float)(kv - diag);
 #endif
-          if (need_mask) {
-            bool keep = kv < kv_hi && kv >= kv_lo;
-            if (p.causal) keep = keep && kv <= diag[h];
-            if (p.window_left >= 0) keep = keep && kv >= diag[h] - p.window_left;
+            if (need_mask) {
+              bool keep = kv < kv_hi;
+              if (p.causal) keep = keep && kv <= diag;
+              if (p.window_left >= 0) keep = keep && kv >= diag - p.window_left;
 #if FI_CUSTOM_MASK
-            if (keep && qi_of[h] < r.qo_len) {
-              const int64_t bit = (int64_t)qi_of[h] * r.kv_len + kv;
-              keep = (__ldg(mask + (bit >> 3)) >> (bit & 7)) & 1;
-            }
+              if (keep && qi < r.qo_len) {
+                const int64_t bit = (int64_t)qi * r.kv_len + kv;
+                keep = (__ldg(mask + (bit >> 3)) >> (bit & 7)) & 1;
+              }
 #endif
-            if (!keep) x = fi::kNegInf;
+              if (!keep) x = fi::kNegInf;
+            }
+            s[mt][nb][2 * h + e] = x;
+            mx = fmaxf(mx, x);
           }
-          s[nb][2 * h + e] = x;
-          mx = fmaxf(mx, x);
         }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float m_use = mx == fi::kNegInf ? 0.f : mx;
-      const float corr = fi::exp2_approx(m[h] - m_use);
-      m[h] = mx;
-      float rs = 0.f;
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with no visible key yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+        const float m_use = mx == fi::kNegInf ? 0.f : mx;
+        const float corr = fi::exp2_approx(m[mt][h] - m_use);
+        m[mt][h] = mx;
+        float rs = 0.f;
 #pragma unroll
-      for (int nb = 0; nb < KN / 8; ++nb) {
+        for (int nb = 0; nb < KN / 8; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = fi::exp2_approx(s[nb][2 * h + e] - m_use);
-          s[nb][2 * h + e] = pv;
-          rs += pv;
+          for (int e = 0; e < 2; ++e) {
+            const float pv = fi::exp2_approx(s[mt][nb][2 * h + e] - m_use);
+            s[mt][nb][2 * h + e] = pv;
+            rs += pv;
+          }
         }
-      }
-      l[h] = l[h] * corr + rs;  // per-thread partial row sum; the quad is reduced at the end
+        l[mt][h] = l[mt][h] * corr + rs;  // per-thread partial row sum; quad-reduced at the end
 #pragma unroll
-      for (int d = 0; d < DVO / 8; ++d) {
-        o[d][2 * h] *= corr;
-        o[d][2 * h + 1] *= corr;
+        for (int d = 0; d < DVO / 8; ++d) {
+          o[mt][d][2 * h] *= corr;
+          o[mt][d][2 * h + 1] *= corr;
+        }
       }
     }
 
-    // V landed; every warp finished Q K^T, so K's buffer may be refilled with the next tile.
-    fi::cp_async_wait<0>();
-    __syncthreads();
-    if (it + 1 < n_tiles) {
-      load_kv_tile<CQK>(sK, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0 + KN, kv_hi, kvh);
-      fi::cp_async_commit();
-    }
-
-    // O += P V: P's C-fragments are re-packed in registers as the A operand.
+    // O += P V: P's C-fragments are re-packed in registers as the A operand (no smem trip).
 #pragma unroll
     for (int j = 0; j < KN / 16; ++j) {
-      uint32_t a[4];
-      a[0] = fi::pack2<T>(s[2 * j][0], s[2 * j][1]);
-      a[1] = fi::pack2<T>(s[2 * j][2], s[2 * j][3]);
-      a[2] = fi::pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
-      a[3] = fi::pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = fi::pack2<T>(s[mt][2 * j][0], s[mt][2 * j][1]);
+        a[mt][1] = fi::pack2<T>(s[mt][2 * j][2], s[mt][2 * j][3]);
+        a[mt][2] = fi::pack2<T>(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+        a[mt][3] = fi::pack2<T>(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+      }
       const int vr = j * 16 + (lane & 15);
 #pragma unroll
       for (int dp = 0; dp < DVO / 16; ++dp) {
         uint32_t b[4];
         fi::ldmatrix_x4_trans(b, sV + (vr * CVO + fi::swizzle_chunk(vr, dp * 2 + (lane >> 4))) * 16);
-        fi::mma_16816<T>(o[2 * dp], a, b[0], b[1]);
-        fi::mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          fi::mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
+          fi::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
-  fi::cp_async_wait<0>();  // nothing may be in flight when the CTA exits (empty ranges load Q only)
+  fi::cp_async_wait<0>();  // nothing may be in flight when the CTA moves on (empty ranges load Q only)
 
   // Epilogue: normalise, write o (or the fp32 partial) and the base-2 LSE.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float lt = l[h];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    const float lse = lt > 0.f ? m[h] + fi::log2_approx(lt) : fi::kNegInf;
-    const int local = warp * 16 + g + 8 * h;
-    const int pr = row_start + local;
-    const int qi = qi_of[h];
-    if (slot < 0) {
-      if (qi >= r.qo_len) continue;
-      const int hq = kvh * G + (pr - qi * G);
-      T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + 2 * t;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int d = 0; d < DVO / 8; ++d) {
-        *reinterpret_cast<uint32_t*>(dst + d * 8) = fi::pack2<T>(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
-      }
-      if (p.lse != nullptr && t == 0) p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = lse;
-    } else {
-      const int64_t base = (int64_t)slot * CTA_M + local;
-      float* dst = p.tmp_o + base * DVO + 2 * t;
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[mt][h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const float lse = lt > 0.f ? m[mt][h] + fi::log2_approx(lt) : fi::kNegInf;
+      const int local = warp * WARP_M + mt * 16 + g + 8 * h;
+      const int pr = row_start + local;
+      const int qi = pr / G;
+      if (slot < 0) {
+        if (qi >= r.qo_len) continue;
+        const int hq = kvh * G + (pr - qi * G);
+        T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + 2 * t;
 #pragma unroll
-      for (int d = 0; d < DVO / 8; ++d) {
-        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+        for (int d = 0; d < DVO / 8; ++d) {
+          *reinterpret_cast<uint32_t*>(dst + d * 8) =
+              fi::pack2<T>(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && t == 0) p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = lse;
+      } else {
+        const int64_t base = (int64_t)slot * CTA_M + local;
+        float* dst = p.tmp_o + base * DVO + 2 * t;
+#pragma unroll
+        for (int d = 0; d < DVO / 8; ++d) {
+          *reinterpret_cast<float2*>(dst + d * 8) =
+              make_float2(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
+        }
+        if (t == 0) p.tmp_lse[base] = lse;
       }
-      if (t == 0) p.tmp_lse[base] = lse;
     }
   }
 }
@@ -410,7 +443,7 @@ Params make_params(const int64_t* ip, const double* fp) {
 
 }  // namespace
 
-constexpr int kSmemBytes = (CTA_M * DQK + KN * DQK + KN * DVO) * 2;
+constexpr int kSmemBytes = (CTA_M * DQK + 2 * KN * (DQK + DVO)) * 2;
 
 // Runs the attention work list and then (if any item was split) the merge. `ip`/`fp` are host
 // arrays laid out as IntParam / FloatParam. Reads them at call time, so CUDA-graph capture

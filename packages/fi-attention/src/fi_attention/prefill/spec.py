@@ -1,5 +1,5 @@
 """KernelSpecs of the portable fa2 prefill kernel: one module per (dtype, head dims, KV layout,
-mask/variant flags, arch)."""
+mask/variant flags, tile config, arch)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,37 @@ from fi_core.dtypes import cuda_type, tag
 
 _HERE = Path(__file__).resolve().parent
 
-# Warps per CTA by head dim: each warp owns 16 packed query rows, so CTA rows = 16 * warps.
-# d <= 128: 8 warps (128 rows) reuse every K/V tile 128 times; d = 256: 4 warps (64 rows) keep
-# Q + K + V tiles (64 + 64 + 64 rows x 512 B = 96 KiB) inside the sm_80 shared-memory budget.
-def num_warps(head_dim_qk: int, head_dim_vo: int) -> int:
-    return 4 if max(head_dim_qk, head_dim_vo) > 128 else 8
+# (warps, 16-row mma blocks per warp, kv tile) by the larger head dim; CTA rows = 16 * warps *
+# m_tiles; shared memory = Q tile + 2 stages of (K, V) tiles.
+# d <= 128: 4 warps x 32 rows: every K/V fragment read from shared memory feeds two mma row
+# blocks, halving shared-memory traffic per FLOP against 16 rows per warp (the limit of
+# mma.sync attention). d = 128 takes kv tiles of 32: with 64 the o (128) + s (64) fp32
+# accumulators spill past 255 registers; 248 registers x 128 threads still fit 2 CTAs per SM.
+# d = 256 / 192: 4 warps x 16 rows keep the o accumulator within 255 registers, and kv tiles
+# of 32 keep Q + 2 x (K + V) <= 96 KiB, inside sm_86/89's 99 KiB of shared memory per CTA.
+TILE_CONFIG = {64: (4, 2, 64), 128: (4, 2, 32), 192: (4, 1, 32), 256: (4, 1, 32)}
 
 
-def cta_rows(head_dim_qk: int, head_dim_vo: int) -> int:
-    return 16 * num_warps(head_dim_qk, head_dim_vo)
+# Custom-mask variants read mask bits per element; with 32 rows per warp they spill, so they
+# take 16 rows per warp (masked batches are small: tree attention, speculative decoding).
+MASK_TILE_CONFIG = {64: (4, 1, 64), 128: (4, 1, 64)}
 
 
-def smem_bytes(head_dim_qk: int, head_dim_vo: int) -> int:
-    return (cta_rows(head_dim_qk, head_dim_vo) * head_dim_qk + 64 * head_dim_qk + 64 * head_dim_vo) * 2
+def tile_config(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> tuple[int, int, int]:
+    d = max(head_dim_qk, head_dim_vo)
+    if custom_mask and d in MASK_TILE_CONFIG:
+        return MASK_TILE_CONFIG[d]
+    return TILE_CONFIG[d]
+
+
+def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
+    warps, m_tiles, _ = tile_config(head_dim_qk, head_dim_vo, custom_mask)
+    return 16 * warps * m_tiles
+
+
+def smem_bytes(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
+    kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)[2]
+    return (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk + 2 * kv_tile * (head_dim_qk + head_dim_vo)) * 2
 
 
 ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_fa2_info", ("ptr",)))
@@ -35,13 +53,16 @@ ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_
 def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool, arch: Arch,
              custom_mask: bool = False, softcap: bool = False, alibi: bool = False) -> KernelSpec:
     flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi)) if on)
+    warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)
     return KernelSpec(
-        name=f"prefill_fa2_{tag(dtype)}_d{head_dim_qk}x{head_dim_vo}{'_' + flags if flags else ''}",
+        name=(f"prefill_fa2_{tag(dtype)}_d{head_dim_qk}x{head_dim_vo}_w{warps}m{m_tiles}n{kv_tile}"
+              f"{'_' + flags if flags else ''}"),
         sources=(_HERE / "prefill_fa2.cu",),
         arch=arch,
         defines={
             "FI_T": cuda_type(dtype), "FI_D_QK": head_dim_qk, "FI_D_VO": head_dim_vo,
-            "FI_NUM_WARPS": num_warps(head_dim_qk, head_dim_vo), "FI_PAGED": int(paged),
+            "FI_NUM_WARPS": warps, "FI_M_TILES": m_tiles, "FI_KV_TILE": kv_tile,
+            "FI_PAGED": int(paged),
             "FI_CUSTOM_MASK": int(custom_mask), "FI_SOFTCAP": int(softcap), "FI_ALIBI": int(alibi),
         },
         entries=ENTRIES,

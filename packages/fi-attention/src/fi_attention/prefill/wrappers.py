@@ -131,12 +131,13 @@ class _BatchPrefillBase:
         self._planned = True
 
     def _plan_fa2(self, group, non_blocking):
-        num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged)
+        masked = self._mask is not None
+        num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged, masked)
         ws_bytes = self._ws.numel() * self._ws.element_size()
         plan = plan_fa2(self._qo_lens.numpy(), self._kv_lens.numpy(), num_kv_heads=self._num_kv_heads,
-                        group=group, cta_rows=cta_rows(self._dqk, self._dvo), causal=self._causal,
+                        group=group, cta_rows=cta_rows(self._dqk, self._dvo, masked), causal=self._causal,
                         window_left=self._window_left, num_ctas=num_ctas,
-                        max_slots=max_slots_for(ws_bytes, self._dqk, self._dvo))
+                        max_slots=max_slots_for(ws_bytes, self._dqk, self._dvo, masked))
         bufs = None
         if self._use_cuda_graph:
             if self._graph_bufs is None:
