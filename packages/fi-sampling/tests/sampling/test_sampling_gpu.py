@@ -324,3 +324,30 @@ def test_chain_speculative_all_accepted_and_padding():
     out, acc, emi = S.chain_speculative_sampling(draft, torch.full((b, n), 7, device="cuda"), tgt, seed=1)
     assert (acc == 0).all() and (emi == 0).all()
     assert (out[:, 1:] == -1).all() and (out[:, 0] != 7).all() and (out[:, 0] >= 0).all()
+
+
+@pytest.mark.parametrize("batch", [1, 7, 99])
+def test_top_k_first_from_logits_invariants(batch):
+    # The fused kernel (top-k cut on the logits, softmax over the kept set, top-p) on a real vocab.
+    logits = testing.randn((batch, VOCAB), torch.float32, "cuda", seed=40 + batch)
+    toks = S.top_k_top_p_sampling_from_logits(logits, 50, 0.9, seed=1, offset=2)
+    probs = torch.softmax(logits.double(), dim=-1)
+    keep = R.filtered_probs(probs, "top_k_top_p", top_k=50, top_p=0.9 + 1e-5) > 0
+    assert keep[torch.arange(batch), toks.long().cpu()].all()
+    assert torch.equal(toks, S.top_k_top_p_sampling_from_logits(logits, 50, 0.9, seed=1, offset=2))
+    # per-row parameters; k = 1 is greedy whatever top_p is
+    ks = torch.ones(batch, dtype=torch.int32, device="cuda")
+    ps = torch.full((batch,), 0.5, device="cuda")
+    greedy = S.top_k_top_p_sampling_from_logits(logits, ks, ps, seed=0)
+    assert torch.equal(greedy.long(), logits.argmax(dim=-1))
+
+
+def test_top_k_first_from_logits_degenerate_rows():
+    logits = testing.randn((3, VOCAB), torch.float32, "cuda", seed=50)
+    logits[0] = float("nan")
+    logits[1] = float("-inf")
+    logits[2, :100] = float("nan")
+    toks = S.top_k_top_p_sampling_from_logits(logits, 50, 0.9, seed=0)
+    torch.cuda.synchronize()
+    assert toks[0].item() == 0 and toks[1].item() == 0
+    assert 0 <= toks[2].item() < VOCAB and not torch.isnan(logits[2, toks[2].long()])

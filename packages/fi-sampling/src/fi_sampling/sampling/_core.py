@@ -11,10 +11,11 @@ from fi_core import Backend, OpInfo, arch_of, current_stream, load, register_op
 from fi_core.launch import ptr
 
 from . import reference
-from .spec import sampling_spec, threshold_spec
+from .spec import logits_spec, sampling_spec, threshold_spec
 
-MODES = {"plain": 0, "top_k": 1, "top_p": 2, "min_p": 3, "joint": 4}
-_KIND = {0: "plain", 1: "top_k", 2: "top_p", 3: "min_p", 4: "top_k_top_p"}
+# 0-4: fi_sampling_filtered modes on probabilities; 5: the fused top-k-first kernel on logits.
+MODES = {"plain": 0, "top_k": 1, "top_p": 2, "min_p": 3, "joint": 4, "top_k_first_logits": 5}
+_KIND = {0: "plain", 1: "top_k", 2: "top_p", 3: "min_p", 4: "top_k_top_p", 5: "top_k_top_p"}
 THRESHOLD_MODES = {"top_k_renorm": 0, "top_p_renorm": 1, "top_k_mask": 2}
 
 
@@ -30,7 +31,8 @@ def make_op(name: str, *, module: str = "sampling", kernel: bool = True,
             threshold: bool = False, stability: str = "stable") -> OpInfo:
     specs = None
     if kernel:
-        specs = (lambda arch: [threshold_spec(arch)]) if threshold else (lambda arch: [sampling_spec(arch)])
+        specs = (lambda arch: [threshold_spec(arch)]) if threshold else \
+            (lambda arch: [sampling_spec(arch), logits_spec(arch)])
     return register_op(OpInfo(name=name, family="fi-sampling", api=f"flashinfer.{module}.{name}",
                               backends=_backends(kernel), specs=specs, stability=stability))
 
@@ -57,6 +59,15 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
                            thr_arr: Optional[torch.Tensor], thr: float,
                            seed_arr: Optional[torch.Tensor], seed: int,
                            off_arr: Optional[torch.Tensor], off: int, backend: str) -> None:
+    if backend == "cuda" and variant == MODES["top_k_first_logits"]:
+        mod = load(logits_spec(arch_of(probs.device)))
+        ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
+        os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
+        mod.fi_sampling_top_k_first_logits(
+            out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
+            probs.shape[1], probs.stride(0), ptr(k_arr), int(k), ptr(thr_arr), float(thr),
+            ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
+        return
     if backend == "cuda":
         mod = load(sampling_spec(arch_of(probs.device)))
         ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
@@ -69,8 +80,12 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
     kind = _KIND[variant]
     top_k = k_arr if k_arr is not None else k
     t = thr_arr if thr_arr is not None else thr
-    dist = reference.filtered_probs(probs, kind, top_k=top_k, top_p=t, min_p=t,
-                                    filter_apply_order="joint")
+    if variant == MODES["top_k_first_logits"]:  # `probs` holds logits here
+        dist = reference.filtered_probs(torch.softmax(probs.double(), dim=-1), kind, top_k=top_k,
+                                        top_p=t, filter_apply_order="top_k_first")
+    else:
+        dist = reference.filtered_probs(probs, kind, top_k=top_k, top_p=t, min_p=t,
+                                        filter_apply_order="joint")
     res = reference.sample(dist, indices, _host_int(seed_arr, seed), _host_int(off_arr, off))
     out.copy_(res.to(out.device))
 

@@ -44,8 +44,8 @@ SOFTMAX = make_op("softmax", threshold=True)
 
 
 def _sample(op, probs, mode: str, indices, generator, check_nan, seed, offset,
-            top_k=None, thr=None, thr_name="top_p", thr_lo=0.0, thr_lo_open=True):
-    probs = A.matrix("probs", probs)
+            top_k=None, thr=None, thr_name="top_p", thr_lo=0.0, thr_lo_open=True, name="probs"):
+    probs = A.matrix(name, probs)
     idx = A.indices_arg(indices, probs)
     rows = A.out_rows(probs, idx)
     k_arr, k = (None, 0)
@@ -57,7 +57,7 @@ def _sample(op, probs, mode: str, indices, generator, check_nan, seed, offset,
         t_arr, t = A.threshold(thr_name, thr, rows, probs.device, integer=False, lo=thr_lo,
                                hi=1.0, lo_open=thr_lo_open)
     if check_nan:
-        A.check_no_nan("probs", probs)
+        A.check_no_nan(name, probs)
     rng = A.rng_args(generator, seed, offset, rows, probs.device)
     out = torch.empty(rows, dtype=torch.int32, device=probs.device)
     filtered_sampling(out, probs, idx, MODES[mode], k_arr, int(k), t_arr, float(t), rng.seed_arr,
@@ -242,8 +242,9 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: TopK, top_p: T
     if filter_apply_order == "joint":
         return top_k_top_p_sampling_from_probs(softmax(logits), top_k, top_p, indices, "joint",
                                                deterministic, generator, False, seed, offset)
-    probs = softmax(top_k_mask_logits(_gather(logits, indices), top_k))
-    return top_p_sampling_from_probs(probs, top_p, None, deterministic, generator, False, seed, offset)
+    # top_k_first: one fused kernel (top-k cut on the logits, softmax over the kept set, top-p).
+    return _sample(TOP_K_TOP_P_FROM_LOGITS, logits, "top_k_first_logits", indices, generator,
+                   False, seed, offset, top_k=top_k, thr=top_p, name="logits")
 
 
 def _threshold_op(op, name, x, mode, top_k=None, top_p=None):

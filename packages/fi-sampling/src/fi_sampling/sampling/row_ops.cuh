@@ -200,8 +200,8 @@ struct StatsSmem {
   int cnt_out[kPivots];
 };
 
-template <bool kCount, bool kMass>
-FI_DEVICE void stats_above(const Row& row, const float (&piv)[kPivots], int (&cnt)[kPivots],
+template <bool kCount, bool kMass, typename RowT>
+FI_DEVICE void stats_above(const RowT& row, const float (&piv)[kPivots], int (&cnt)[kPivots],
                            float (&mass)[kPivots], StatsSmem& sm) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int c[kPivots];

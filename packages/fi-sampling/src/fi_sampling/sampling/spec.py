@@ -55,3 +55,19 @@ def speculative_spec(arch: Arch) -> KernelSpec:
         entries=(Entry("fi_chain_speculative_sampling", SPECULATIVE_ARGS),),
         package="fi_sampling",
     )
+
+
+LOGITS_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i32", "ptr", "f32", "ptr",
+               "u64", "i64", "ptr", "u64", "i64", "stream")
+
+
+@functools.cache
+def logits_spec(arch: Arch) -> KernelSpec:
+    """fi_sampling_top_k_first_logits: fused top-k -> softmax -> top-p sampling from logits."""
+    return KernelSpec(
+        name="sampling_logits",
+        sources=(_HERE / "sampling_logits.cu",),
+        arch=arch,
+        entries=(Entry("fi_sampling_top_k_first_logits", LOGITS_ARGS),),
+        package="fi_sampling",
+    )
