@@ -76,35 +76,58 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
     if fixed_split_size is not None and fixed_split_size > 0 and not disable_split_kv:
         chunk = int(fixed_split_size)
     elif not disable_split_kv and batch < wave_items and longest > MIN_CHUNK_TOKENS:
-        chunk = -(-total // wave_items)
-        chunk = max(MIN_CHUNK_TOKENS, -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN)
-        if capacity is not None:
-            while int(np.sum(np.maximum(1, -(-kv_lens // chunk)))) > capacity:
-                chunk *= 2
+        # The smallest chunk whose items fit in one wave: every CTA then runs concurrently and
+        # the kernel takes one chunk's time. (Rounding a balanced chunk down and letting the
+        # per-request ceil spill into a second, mostly empty wave would double the time.)
+        limit = wave_items if capacity is None else min(wave_items, capacity)
+
+        def items(c: int) -> int:
+            return int(np.sum(np.maximum(1, -(-kv_lens // c))))
+
+        def align(c: int) -> int:
+            return max(MIN_CHUNK_TOKENS, -(-c // CHUNK_ALIGN) * CHUNK_ALIGN)
+
+        # hi_c always fits: no request needs more than limit // batch chunks of it.
+        hi_c = align(-(-longest // max(1, limit // batch)))
+        lo_c = align(-(-total // limit))  # no chunk below this can fit
+        if items(lo_c) <= limit:
+            hi_c = lo_c
+        # A few bisection steps (plan() must stay cheap); within ~6 % of the best is enough.
+        for _ in range(8):
+            if hi_c - lo_c <= max(CHUNK_ALIGN, lo_c // 16):
+                break
+            mid = align((lo_c + hi_c) // 2)
+            if items(mid) <= limit:
+                hi_c = mid
+            else:
+                lo_c = mid
+        chunk = hi_c
     if chunk and chunk >= longest:
         chunk = 0
-    if chunk:
-        nchunks = np.maximum(1, -(-kv_lens // chunk))
-    else:
-        nchunks = np.ones(batch, dtype=np.int64)
+    if not chunk:  # the common large-batch case: one item per request, written directly
+        work = np.empty((batch, 4), dtype=np.int32)
+        work[:, 0] = np.arange(batch)
+        work[:, 1] = 0
+        work[:, 2] = kv_lens
+        work[:, 3] = -1
+        if capacity is not None and batch > capacity:
+            raise ValueError(f"the plan needs {batch} work items but the CUDA-graph buffers hold {capacity}")
+        return DecodePlan(work=work, merge_indptr=np.zeros(batch + 1, dtype=np.int32), num_items=batch,
+                          num_slots=0, chunk=0, split=False)
+    nchunks = np.maximum(1, -(-kv_lens // chunk))
     n_items = int(nchunks.sum())
     if capacity is not None and n_items > capacity:
         raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
                          f"{capacity}; use a larger fixed_split_size or disable_split_kv")
-    req = np.repeat(np.arange(batch, dtype=np.int64), nchunks)
-    first = np.concatenate([[0], np.cumsum(nchunks)[:-1]]) if batch else np.zeros(0, np.int64)
-    idx_in_req = np.arange(n_items, dtype=np.int64) - np.repeat(first, nchunks)
+    req = np.repeat(np.arange(batch), nchunks)
+    idx_in_req = np.arange(n_items) - (np.cumsum(nchunks) - nchunks)[req]
     split_req = nchunks > 1
-    if chunk:
-        begin = idx_in_req * chunk
-        end = np.minimum(begin + chunk, kv_lens[req])
-    else:
-        begin = np.zeros(n_items, dtype=np.int64)
-        end = kv_lens[req] if batch else np.zeros(0, np.int64)
-    slots_per_req = np.where(split_req, nchunks, 0)
-    merge_indptr = np.concatenate([[0], np.cumsum(slots_per_req)]).astype(np.int32)
-    slot = np.where(split_req[req], merge_indptr[:-1][req] + idx_in_req, -1) if batch else begin
-    work = np.stack([req, begin, end, slot], axis=1).astype(np.int32) if batch else \
-        np.zeros((0, 4), np.int32)
+    merge_indptr = np.zeros(batch + 1, dtype=np.int32)
+    np.cumsum(np.where(split_req, nchunks, 0), out=merge_indptr[1:])
+    work = np.empty((n_items, 4), dtype=np.int32)
+    work[:, 0] = req
+    work[:, 1] = idx_in_req * chunk
+    work[:, 2] = np.minimum(work[:, 1] + chunk, kv_lens[req])
+    work[:, 3] = np.where(split_req[req], merge_indptr[req] + idx_in_req, -1)
     return DecodePlan(work=work, merge_indptr=merge_indptr, num_items=n_items,
                       num_slots=int(merge_indptr[-1]), chunk=chunk, split=bool(split_req.any()))
