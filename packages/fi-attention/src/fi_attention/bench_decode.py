@@ -94,6 +94,17 @@ def batch_decode_routine(args: RoutineArgs):
         w.run(q0, c0, out=out, **scales)
         _check(out, q0, c0, indptr, indices, last, sorted({0, batch // 2, batch - 1}), **scales)
         ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets)
+        # the other kernel, for the record (the default picks one; see decode/spec.py)
+        other_kernel = "cuda-core" if "mma" in w._kernel_name else "tensor-core"
+        w2 = BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=dev), use_cuda_graph=True,
+            paged_kv_indptr_buffer=d_indptr.clone(), paged_kv_indices_buffer=d_indices.clone(),
+            paged_kv_last_page_len_buffer=d_last.clone(), backend=other_kernel)
+        w2.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+        out2 = torch.empty_like(out)
+        w2.run(q0, c0, out=out2, **scales)
+        _check(out2, q0, c0, indptr, indices, last, [0, batch - 1], **scales)
+        other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets)
         del sets
         plan_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
             torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, indices, last), hq, hkv, kv_dtype)
@@ -115,7 +126,8 @@ def batch_decode_routine(args: RoutineArgs):
         yield BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
                        baseline=baseline, target_us=target, backend="cuda",
                        extra={**host, "plan_host_us": round(plan_us, 2), "split_kv": w._plan.split,
-                              "work_items": w._plan.num_items})
+                              "work_items": w._plan.num_items, "kernel": w._kernel_name,
+                              "other_kernel": w2._kernel_name, "other_kernel_us": round(other.median_us, 2)})
         torch.cuda.empty_cache()
 
 
