@@ -200,3 +200,15 @@ def test_bench_module_registers_routines():
     for name in ("single_prefill", "BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
         assert name in ROUTINES, name
     assert bench is not None
+
+
+def test_single_prefill_traces_with_torch_compile_fullgraph():
+    q, k, v = _qkv(5, 9)
+
+    def f(q, k, v):
+        return single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+
+    out, lse = torch.compile(f, fullgraph=True, backend="eager")(q, k, v)
+    want, wl = attention_reference(q, k, v, causal=True, return_lse=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, wl, rtol=0, atol=0)

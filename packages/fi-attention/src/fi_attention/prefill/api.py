@@ -5,6 +5,7 @@ Path: validate -> choose backend (fa3 / fa2 / reference) -> plan (cached per sha
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -164,38 +165,14 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     out = torch.empty((lq, hq, dvo), dtype=q.dtype, device=q.device)
     lse = torch.empty((lq, hq), dtype=torch.float32, device=q.device) if return_lse else None
     soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
-    choice = SINGLE_PREFILL.choose(
-        device=q.device, dtype=q.dtype, requested=backend, head_dim_qk=dqk, head_dim_vo=dvo,
-        kv_dtype=k.dtype, pos_encoding_mode=pos_encoding_mode, causal=causal, paged=False,
-        custom_mask=packed_custom_mask is not None, window_left=window_left,
-        logits_soft_cap=soft_cap, qo_len=lq, kv_len=lkv)
     rs = 1.0 if rope_scale is None else float(rope_scale)
     rt = 1e4 if rope_theta is None else float(rope_theta)
-    if choice.name == "reference":
-        mask = unpack_mask(packed_custom_mask, 0, lq, lkv) if packed_custom_mask is not None else None
-        o, l = attention_reference(q, kn, vn, causal=causal, sm_scale=scale, logits_soft_cap=soft_cap or None,
-                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
-                                   rope_scale=rs, rope_theta=rt, custom_mask=mask, return_lse=True)
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(l)
-    elif lq > 0:
-        call = PrefillCall(
-            q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=dqk,
-            head_dim_vo=dvo, k_strides=(0, kn.stride(0), kn.stride(1)),
-            v_strides=(0, vn.stride(0), vn.stride(1)), qo_len=lq, kv_len=lkv, causal=causal,
-            window_left=window_left, sm_scale=scale, logits_soft_cap=soft_cap,
-            pos_encoding_mode=pos_encoding_mode, rope_scale=rs, rope_theta=rt,
-            packed_mask=packed_custom_mask)
-        if choice.name == "fa2":
-            plan, sched = _single_schedule(q.device, q.dtype, lq, lkv, hkv, hq // hkv, dqk, dvo,
-                                           bool(causal), int(window_left), packed_custom_mask is not None)
-            if plan.num_slots:  # fresh partial storage per call: concurrent streams never share it
-                ws = _partials(plan, dvo, q.device)
-                n_o = sched.tmp_o.numel()
-                sched = type(sched)(**{**sched.__dict__, "tmp_o": ws[:n_o], "tmp_lse": ws[n_o:]})
-            call.schedule = sched
-        RUNNERS[choice.name](call)
+    args = (out, lse, q, k, v, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, scale,
+            int(window_left), soft_cap, rs, rt, backend)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.single_prefill(*args)  # traced path: an opaque custom op
+    else:
+        _single_prefill_core(*args)
     if v_mul != 1.0:
         out.mul_(v_mul)
     return (out, lse) if return_lse else out
@@ -205,3 +182,59 @@ def single_prefill_with_kv_cache_return_lse(q, k, v, *args, **kwargs):
     """:func:`single_prefill_with_kv_cache` with ``return_lse=True``: returns ``(out, lse)``."""
     kwargs["return_lse"] = True
     return single_prefill_with_kv_cache(q, k, v, *args, **kwargs)
+
+
+def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale,
+                         window_left, soft_cap, rope_scale, rope_theta, backend) -> None:
+    """Destination-passing core of single prefill (validated inputs): choose a backend, run it."""
+    kn = k if kv_layout == "NHD" else k.transpose(0, 1)
+    vn = v if kv_layout == "NHD" else v.transpose(0, 1)
+    lq, hq, dqk = q.shape
+    lkv, hkv, dvo = kn.shape[0], kn.shape[1], vn.shape[2]
+    choice = SINGLE_PREFILL.choose(
+        device=q.device, dtype=q.dtype, requested=backend, head_dim_qk=dqk, head_dim_vo=dvo,
+        kv_dtype=k.dtype, pos_encoding_mode=pos_encoding_mode, causal=causal, paged=False,
+        custom_mask=packed_mask is not None, window_left=window_left,
+        logits_soft_cap=soft_cap, qo_len=lq, kv_len=lkv)
+    if choice.name == "reference":
+        mask = unpack_mask(packed_mask, 0, lq, lkv) if packed_mask is not None else None
+        o, l = attention_reference(q, kn, vn, causal=causal, sm_scale=scale, logits_soft_cap=soft_cap or None,
+                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
+                                   rope_scale=rope_scale, rope_theta=rope_theta, custom_mask=mask, return_lse=True)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(l)
+        return
+    if lq == 0:
+        return
+    call = PrefillCall(
+        q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=dqk,
+        head_dim_vo=dvo, max_qo_len=lq, k_strides=(0, kn.stride(0), kn.stride(1)),
+        v_strides=(0, vn.stride(0), vn.stride(1)), qo_len=lq, kv_len=lkv, causal=causal,
+        window_left=window_left, sm_scale=scale, logits_soft_cap=soft_cap,
+        pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
+        packed_mask=packed_mask)
+    if choice.name == "fa2":
+        plan, sched = _single_schedule(q.device, q.dtype, lq, lkv, hkv, hq // hkv, dqk, dvo,
+                                       bool(causal), int(window_left), packed_mask is not None)
+        if plan.num_slots:  # fresh partial storage per call: concurrent streams never share it
+            ws = _partials(plan, dvo, q.device)
+            n_o = sched.tmp_o.numel()
+            sched = dataclasses.replace(sched, tmp_o=ws[:n_o], tmp_lse=ws[n_o:])
+        call.schedule = sched
+    RUNNERS[choice.name](call)
+
+
+@torch.library.custom_op("fi_attention::single_prefill", mutates_args=("out", "lse"))
+def _single_prefill_op(out: torch.Tensor, lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, packed_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
+                       pos_encoding_mode: str, scale: float, window_left: int, soft_cap: float,
+                       rope_scale: float, rope_theta: float, backend: str) -> None:
+    _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale,
+                         window_left, soft_cap, rope_scale, rope_theta, backend)
+
+
+@_single_prefill_op.register_fake
+def _(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale, window_left, soft_cap,
+      rope_scale, rope_theta, backend) -> None:
+    return None

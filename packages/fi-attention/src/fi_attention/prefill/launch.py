@@ -67,6 +67,7 @@ class PrefillCall:
     kv_last_page_len: Optional[torch.Tensor] = None
     qo_len: int = 0
     kv_len: int = 0
+    max_qo_len: Optional[int] = None             # longest request's queries (host int), for fa3
     causal: bool = False
     window_left: int = -1
     sm_scale: float = 1.0

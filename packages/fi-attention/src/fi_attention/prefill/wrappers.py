@@ -88,6 +88,7 @@ class _BatchPrefillBase:
         self._dqk, self._dvo = head_dim_qk, head_dim_vo
         self._qo_lens, self._kv_lens = qo_lens, kv_lens
         self._nnz_qo = int(qo_lens.sum())
+        self._max_qo_len = int(qo_lens.max()) if len(qo_lens) else 0
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = window_left
         self._soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
@@ -125,7 +126,8 @@ class _BatchPrefillBase:
                 device=self.device, dtype=self._q_dtype, requested=self._backend, head_dim_qk=head_dim_qk,
                 head_dim_vo=head_dim_vo, kv_dtype=self._kv_dtype, pos_encoding_mode=pos_encoding_mode,
                 causal=self._causal, paged=self._paged, custom_mask=self._mask is not None,
-                window_left=window_left, logits_soft_cap=self._soft_cap)
+                window_left=window_left, logits_soft_cap=self._soft_cap,
+                page_size=getattr(self, "_page_size", 1))
             if self._choice.name == "fa2":
                 self._plan_fa2(group, non_blocking)
         self._planned = True
@@ -285,7 +287,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
                                  out, lse)
         else:
             self._launch(PrefillCall(
-                q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=self._num_qo_heads, max_qo_len=self._max_qo_len,
                 num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
                 k_strides=(0, kn.stride(0), kn.stride(1)), v_strides=(0, vn.stride(0), vn.stride(1)),
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, causal=self._causal,
@@ -397,7 +399,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                                              self._last_host, b, self._kv_layout), out, lse, k_scale=ks)
         else:
             self._launch(PrefillCall(
-                q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads, max_qo_len=self._max_qo_len,
                 num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
                 k_strides=kv.k_strides, v_strides=kv.v_strides, paged=True, page_size=self._page_size,
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, kv_indices=self._kv_indices_dev,
