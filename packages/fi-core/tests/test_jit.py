@@ -7,15 +7,12 @@ nothing here needs a GPU.
 import json
 import multiprocessing as mp
 import os
-import shutil
 import stat
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from fi_core import knobs
 from fi_core.arch import Arch
 from fi_core.errors import CacheError, CompileError
 from fi_core.jit import Entry, KernelSpec, build_many, load
@@ -178,7 +175,7 @@ def test_eight_processes_one_build(cache_dir, tmp_path):
     ctx = mp.get_context("spawn")
     with ctx.Pool(8) as pool:
         origins = pool.map(_worker, [(str(cache_dir), str(src), str(wrapper))] * 8)
-    calls = [l for l in log.read_text().splitlines() if "--version" not in l]
+    calls = [c for c in log.read_text().splitlines() if "--version" not in c]
     # one build = 2 compiles (kernel + module_common) + 1 link
     assert len(calls) == 3, calls
     assert sorted(origins).count("built") == 1 and origins.count("cache") == 7

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 import shutil
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 from .arch import Arch, archs_for_build
 from .jit import build_many

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Union
+from typing import Optional, Union
+from collections.abc import Iterable
 
 from . import knobs
 from .errors import NoGPUError
@@ -145,7 +146,7 @@ def _check(result, what: str):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_driver():
     driver = _driver()
     try:
@@ -172,7 +173,7 @@ def has_gpu() -> bool:
     return device_count() > 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(index: int = 0) -> DeviceInfo:
     """Facts about CUDA device `index`, read from the driver. Raises NoGPUError without one."""
     driver, count = _init_driver()

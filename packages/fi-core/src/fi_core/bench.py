@@ -26,7 +26,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 

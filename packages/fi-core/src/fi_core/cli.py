@@ -15,7 +15,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 from . import knobs
 
@@ -54,7 +55,8 @@ def cmd_show_config(args) -> int:
     _p(f"cuda-bindings      {ver('cuda-bindings')}")
     _p(f"nvidia-cutlass     {cutlass_version()}")
     nv = find_nvcc()
-    _p(f"nvcc               {nvcc_version()} ({nv})" if nv else "nvcc               not found (only prebuilt/cached kernels can load)")
+    _p(f"nvcc               {nvcc_version()} ({nv})" if nv
+       else "nvcc               not found (only prebuilt/cached kernels can load)")
     _p("== GPU ==")
     n = device_count()
     if n == 0:

@@ -7,7 +7,8 @@ stay within ``factor`` times torch's own error at that precision plus a small at
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import torch
 

@@ -14,7 +14,8 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 import torch
 
@@ -156,15 +157,18 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
     if not use_fi_attention:
         ops.used["page.append_paged_kv_cache"] = ops.used["decode.BatchDecodeWithPagedKVCacheWrapper"] = \
             "torch (not provided by fi yet)"
-    ops.used["projections (GEMM)"] = "torch.matmul (fi-gemm not wired into the demo yet)"
+    ops.used["projections (GEMM)"] = "torch.matmul (fi-gemm is not wired into the demo yet)"
 
     H, D, Hk = cfg.heads, cfg.head_dim, cfg.kv_heads
     s = 0.02
     layers = []
+
+    def gain():
+        return (1.0 + s * torch.randn(cfg.hidden, device=device)).to(dtype)
     for _ in range(cfg.layers):
         layers.append(dict(
-            ln1=torch.ones(cfg.hidden, device=device, dtype=dtype) + s * torch.randn(cfg.hidden, device=device).to(dtype),
-            ln2=torch.ones(cfg.hidden, device=device, dtype=dtype) + s * torch.randn(cfg.hidden, device=device).to(dtype),
+            ln1=gain(),
+            ln2=gain(),
             wqkv=(torch.randn(cfg.hidden, (H + 2 * Hk) * D, device=device) * s).to(dtype),
             wo=(torch.randn(H * D, cfg.hidden, device=device) * s).to(dtype),
             wgu=(torch.randn(cfg.hidden, 2 * cfg.intermediate, device=device) * s).to(dtype),

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 from .. import knobs
 from ..errors import CompileError, KernelUnavailableError

@@ -23,7 +23,8 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 from .. import knobs
 from ..errors import CacheError

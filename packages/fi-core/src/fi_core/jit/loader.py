@@ -11,7 +11,8 @@ import importlib.util
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
+from collections.abc import Callable, Sequence
 
 from ..errors import CacheError, CudaError, KernelUnavailableError
 from . import cache

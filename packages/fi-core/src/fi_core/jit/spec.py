@@ -19,7 +19,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Union
+from collections.abc import Mapping, Sequence
 
 from .. import knobs
 from ..arch import Arch
@@ -40,7 +41,7 @@ def fi_include_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "include"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cutlass_include_dir() -> Path:
     """CUTLASS/CuTe headers of the installed nvidia-cutlass package."""
     try:
@@ -54,7 +55,7 @@ def cutlass_include_dir() -> Path:
     return root
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cutlass_version() -> str:
     try:
         from importlib.metadata import version  # noqa: PLC0415
@@ -233,7 +234,7 @@ def base_nvcc_flags() -> tuple[str, ...]:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def find_nvcc() -> Optional[Path]:
     explicit = knobs.nvcc()
     if explicit is not None:
@@ -252,7 +253,7 @@ def find_nvcc() -> Optional[Path]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvcc_version() -> str:
     """'13.0.88'-style version of the nvcc that would build, or 'no-nvcc'.
 

@@ -14,7 +14,7 @@ from ..launch import current_stream
 _HERE = Path(__file__).resolve().parent
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def selftest_spec(arch: Arch) -> KernelSpec:
     return KernelSpec(
         name="fi_selftest",
