@@ -89,18 +89,36 @@ FI_DEVICE uint4 load_cached(const void* p) { return __ldg(static_cast<const uint
 
 constexpr int kWarps = 8;
 
-template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U>
+// Everything a launch needs; passed by value (kernel parameter space), no per-call allocation.
+struct GemvParams {
+  void* out;
+  const void* act;
+  const void* w;
+  const void* bias;          // [n] or null
+  const float* scale_a;      // per-tensor scales or null (1.0)
+  const float* scale_b;
+  int m, n, k;
+  int64_t lda, ldw, ldo;     // row strides (elements)
+  int64_t bsa, bsw, bso;     // batch strides (elements), blockIdx.z = batch
+  // Segment mode (seg_indptr != null): blockIdx.y enumerates 16-row tiles of all segments.
+  const int64_t* seg_indptr;
+  const int64_t* seg_widx;   // weight per segment, null: segment s uses W[s]
+  int num_segs;
+  // Block-scale mode (bs_a != null): DeepSeek-style fp32 scales, 1 x 128 for A (per row and
+  // 128-wide K block), 128 x 128 for W. Element (row, kb) of A's scales at bs_a[row*sam + kb*sak];
+  // block (nb, kb) of W's at bs_b[nb*sbn + kb*sbk] (+ sbl per weight matrix).
+  const float* bs_a;
+  const float* bs_b;
+  int64_t sam, sak, sbn, sbk, sbl;
+};
+
+template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U, bool BLOCK>
 // Two CTAs per SM keep enough loads in flight; that allows up to 128 registers per thread.
-__global__ void __launch_bounds__(kWarps * 32, 2)
-gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restrict__ w,
-            const TB* __restrict__ bias, const float* __restrict__ scale_a,
-            const float* __restrict__ scale_b, int m, int n, int k, int64_t lda, int64_t ldw,
-            int64_t ldo, int64_t bsa, int64_t bsw, int64_t bso,
-            const int64_t* __restrict__ seg_indptr, const int64_t* __restrict__ seg_widx,
-            int num_segs) {
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
+  static_assert(!BLOCK || 128 % KSTEP == 0, "a step must not straddle a 128-wide scale block");
   constexpr int NACC = RS * NT * 4;
   __shared__ float red[kWarps][NACC][32];
 
@@ -108,16 +126,23 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  if (seg_indptr != nullptr) {
-    // Segment mode (LoRA / grouped GEMM): blockIdx.y enumerates 16-row tiles of all segments in
-    // order; the CTA finds its segment by walking the (short) indptr. Uniform across the CTA, so
-    // the early return cannot split a __syncthreads.
+  const int n = p.n, k = p.k;
+  int m = p.m;
+  const TA* act = static_cast<const TA*>(p.act);
+  const TW* w = static_cast<const TW*>(p.w);
+  TD* out = static_cast<TD*>(p.out);
+  const float* bs_a = p.bs_a;
+  const float* bs_b = p.bs_b;
+
+  if (p.seg_indptr != nullptr) {
+    // Find this CTA's segment by walking the (short) indptr. Uniform across the CTA, so the
+    // early return cannot split a __syncthreads.
     const int64_t y = blockIdx.y;
     int64_t cum = 0, row0 = -1;
     int s = 0;
-    for (; s < num_segs; ++s) {
-      const int64_t b0 = seg_indptr[s];
-      const int64_t len = seg_indptr[s + 1] - b0;
+    for (; s < p.num_segs; ++s) {
+      const int64_t b0 = p.seg_indptr[s];
+      const int64_t len = p.seg_indptr[s + 1] - b0;
       const int64_t tiles = len > 0 ? (len + 15) / 16 : 0;
       if (y < cum + tiles) {
         row0 = b0 + (y - cum) * 16;
@@ -127,14 +152,20 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
       cum += tiles;
     }
     if (row0 < 0) return;
-    act += row0 * lda;
-    out += row0 * ldo;
-    w += (seg_widx != nullptr ? seg_widx[s] : int64_t(s)) * bsw;
+    const int64_t wi = p.seg_widx != nullptr ? p.seg_widx[s] : int64_t(s);
+    act += row0 * p.lda;
+    out += row0 * p.ldo;
+    w += wi * p.bsw;
+    if (BLOCK) {
+      bs_a += row0 * p.sam;
+      bs_b += wi * p.sbl;
+    }
   } else {
     const int64_t batch = blockIdx.z;
-    act += batch * bsa;
-    w += batch * bsw;
-    out += batch * bso;
+    act += batch * p.bsa;
+    w += batch * p.bsw;
+    out += batch * p.bso;
+    if (BLOCK) bs_b += batch * p.sbl;
   }
   const int n0 = blockIdx.x * (16 * RS);
 
@@ -146,7 +177,7 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
     for (int h = 0; h < 2; ++h) {
       const int row = n0 + r * 16 + h * 8 + g;
       wok[r][h] = row < n;
-      wrow[r][h] = w + (wok[r][h] ? int64_t(row) * ldw : 0) + t * V;
+      wrow[r][h] = w + (wok[r][h] ? int64_t(row) * p.ldw : 0) + t * V;
     }
   const TA* arow[NT];
   bool aok[NT];
@@ -154,7 +185,7 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
   for (int j = 0; j < NT; ++j) {
     const int tok = j * 8 + g;
     aok[j] = tok < m;
-    arow[j] = act + (aok[j] ? int64_t(tok) * lda : 0) + t * V;
+    arow[j] = act + (aok[j] ? int64_t(tok) * p.lda : 0) + t * V;
   }
 
   float acc[RS][NT][4];
@@ -186,16 +217,49 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
       for (int j = 0; j < NT; ++j) av[u][j] = (kok && aok[j]) ? load_cached(arow[j] + kk) : zero;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) {
+      if (BLOCK) {
+        // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
+        // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
+        const int s = s0 + u * kWarps;
+        if (s >= nsteps) continue;  // warp-uniform
+        const int kb = (s * KSTEP) / 128;
+        float sa[NT][2];
 #pragma unroll
-      for (int r = 0; r < RS; ++r)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
-                           av[u][j].x, av[u][j].y);
-          Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
-                           av[u][j].z, av[u][j].w);
+          for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + 2 * t + e;
+            sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
+          }
+#pragma unroll
+        for (int r = 0; r < RS; ++r) {
+          // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
+          const int row = n0 + r * 16;
+          const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
+                             av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
+                             av[u][j].z, av[u][j].w);
+#pragma unroll
+            for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
+          }
         }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RS; ++r)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
+                             wv[u][r][1].y, av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
+                             wv[u][r][1].w, av[u][j].z, av[u][j].w);
+          }
+      }
+    }
   }
 
 #pragma unroll
@@ -207,8 +271,9 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
   __syncthreads();
 
   float scale = 1.f;
-  if (scale_a != nullptr) scale *= *scale_a;
-  if (scale_b != nullptr) scale *= *scale_b;
+  if (p.scale_a != nullptr) scale *= *p.scale_a;
+  if (p.scale_b != nullptr) scale *= *p.scale_b;
+  const TB* bias = static_cast<const TB*>(p.bias);
   for (int idx = threadIdx.x; idx < NACC * 32; idx += kWarps * 32) {
     const int i = idx >> 5;
     const int ln = idx & 31;
@@ -224,27 +289,41 @@ gemv_kernel(TD* __restrict__ out, const TA* __restrict__ act, const TW* __restri
     if (row < n && tok < m) {
       float v = sum * scale;
       if (bias != nullptr) v += to_f32(bias[row]);
-      out[int64_t(tok) * ldo + row] = from_f32<TD>(v);
+      out[int64_t(tok) * p.ldo + row] = from_f32<TD>(v);
     }
   }
 }
 
-template <int NT, int RS, int U>
-cudaError_t launch(void* out, const void* act, const void* w, const void* bias, const void* sa,
-                   const void* sb, int64_t m, int64_t n, int64_t k, int64_t l, int64_t lda,
-                   int64_t ldw, int64_t ldo, int64_t bsa, int64_t bsw, int64_t bso,
-                   const int64_t* seg_indptr, const int64_t* seg_widx, int num_segs,
-                   int64_t tiles_y, cudaStream_t stream) {
-  dim3 grid(unsigned(fi::ceil_div<int64_t>(n, 16 * RS)), unsigned(tiles_y), unsigned(l));
-  gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<FI_TD*>(out), static_cast<const FI_TA*>(act), static_cast<const FI_TW*>(w),
-      static_cast<const FI_TBIAS*>(bias), static_cast<const float*>(sa),
-      static_cast<const float*>(sb), int(m), int(n), int(k), lda, ldw, ldo, bsa, bsw, bso,
-      seg_indptr, seg_widx, num_segs);
+template <int NT, int RS, int U, bool BLOCK>
+cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t stream) {
+  dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS)), unsigned(tiles_y), unsigned(l));
+  gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK>
+      <<<grid, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
+// Picks the instantiation: NT = token tiles of 8 (M <= 8 or <= 16); two 16-row slabs per CTA
+// halve the activation re-reads once there are enough CTAs for every SM, else one slab per CTA
+// keeps all SMs streaming; U = steps in flight, bounded by the 128-register budget.
+template <bool BLOCK>
+cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
+                     cudaStream_t stream) {
+  const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
+  if (max_m <= 8)
+    return two_slabs ? launch<1, 2, 3, BLOCK>(p, l, tiles_y, stream)
+                     : launch<1, 1, 4, BLOCK>(p, l, tiles_y, stream);
+  return two_slabs ? launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream)
+                   : launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
+}
+
+bool aligned16(const void* a, const void* b) {
+  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0;
+}
+
 }  // namespace
+
+constexpr int kV = 16 / sizeof(FI_TW);
+constexpr int64_t kMax32 = int64_t(1) << 31;
 
 // m <= 16; k a multiple of 16 bytes of elements; rows of A and W 16-byte aligned (checked in
 // Python, re-checked here as a cheap guard against out-of-bounds vector loads).
@@ -252,50 +331,67 @@ FI_EXPORT int fi_gemv(void* out, const void* act, const void* w, const void* bia
                       const void* scale_a, const void* scale_b, int64_t m, int64_t n, int64_t k,
                       int64_t l, int64_t lda, int64_t ldw, int64_t ldo, int64_t bsa, int64_t bsw,
                       int64_t bso, cudaStream_t stream) {
-  constexpr int V = 16 / sizeof(FI_TW);
-  if (m < 0 || m > 16 || k % V != 0 || lda % V != 0 || ldw % V != 0 ||
-      (reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(w)) % 16 != 0 ||
-      n >= (int64_t(1) << 31) || k >= (int64_t(1) << 31) || l > 65535)
+  if (m < 0 || m > 16 || k % kV != 0 || lda % kV != 0 || ldw % kV != 0 || !aligned16(act, w) ||
+      n >= kMax32 || k >= kMax32 || l > 65535)
     return (int)cudaErrorInvalidValue;
   if (m == 0 || n == 0 || l == 0) return 0;
-  // Two slabs per CTA halve the activation re-reads once there are enough rows for every SM;
-  // below that, one slab per CTA keeps all SMs streaming.
-  const bool two_slabs = fi::ceil_div<int64_t>(n, 32) * l >= fi::sm_count();
-  cudaError_t e;
-#define FI_GEMV_ARGS out, act, w, bias, scale_a, scale_b, m, n, k, l, lda, ldw, ldo, bsa, bsw, bso, \
-                     nullptr, nullptr, 0, 1, stream
-  if (m <= 8) {
-    e = two_slabs ? launch<1, 2, 3>(FI_GEMV_ARGS) : launch<1, 1, 4>(FI_GEMV_ARGS);
-  } else {
-    e = two_slabs ? launch<2, 2, 2>(FI_GEMV_ARGS) : launch<2, 1, 4>(FI_GEMV_ARGS);
-  }
-#undef FI_GEMV_ARGS
-  return (int)e;
+  GemvParams p{};
+  p.out = out; p.act = act; p.w = w; p.bias = bias;
+  p.scale_a = static_cast<const float*>(scale_a);
+  p.scale_b = static_cast<const float*>(scale_b);
+  p.m = int(m); p.n = int(n); p.k = int(k);
+  p.lda = lda; p.ldw = ldw; p.ldo = ldo; p.bsa = bsa; p.bsw = bsw; p.bso = bso;
+  return (int)dispatch<false>(p, l, 1, int(m), stream);
 }
 
 // Segment GEMM: rows seg_indptr[s] .. seg_indptr[s+1] of x times W[seg_widx[s]]^T (seg_widx null:
 // W[s]). x is [total_rows, k], W is [*, n, k] with batch stride bsw, out is [total_rows, n].
 // Rows outside every segment are not written. Graph-safe: the grid is sized from total_rows and
-// num_segs (host values); segment lengths are read on the device.
+// num_segs (host values); segment lengths are read on the device. With bs_a != null the block
+// scales apply (bs_a rows indexed like x's rows, sbl = stride between weights' scale blocks).
 FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const void* seg_indptr,
-                              const void* seg_widx, int64_t total_rows, int64_t num_segs,
-                              int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
-                              int64_t bsw, cudaStream_t stream) {
-  constexpr int V = 16 / sizeof(FI_TW);
-  if (k % V != 0 || ldx % V != 0 || ldw % V != 0 || bsw % V != 0 ||
-      (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 != 0 ||
-      n >= (int64_t(1) << 31) || k >= (int64_t(1) << 31) || num_segs >= (int64_t(1) << 31))
+                              const void* seg_widx, const void* bs_a, const void* bs_b,
+                              int64_t total_rows, int64_t num_segs, int64_t n, int64_t k,
+                              int64_t ldx, int64_t ldw, int64_t ldo, int64_t bsw, int64_t sam,
+                              int64_t sak, int64_t sbn, int64_t sbk, int64_t sbl,
+                              cudaStream_t stream) {
+  if (k % kV != 0 || ldx % kV != 0 || ldw % kV != 0 || bsw % kV != 0 || !aligned16(x, w) ||
+      n >= kMax32 || k >= kMax32 || num_segs >= kMax32)
     return (int)cudaErrorInvalidValue;
   // sum_s ceil(len_s / 16) <= floor(total / 16) + num_segs; surplus CTAs exit at once.
   const int64_t tiles = total_rows / 16 + num_segs;
   if (tiles == 0 || n == 0) return 0;
   if (tiles > 65535) return (int)cudaErrorInvalidConfiguration;
-  const bool two_slabs = fi::ceil_div<int64_t>(n, 32) * tiles >= fi::sm_count();
-  const int64_t* ip = static_cast<const int64_t*>(seg_indptr);
-  const int64_t* wi = static_cast<const int64_t*>(seg_widx);
-#define FI_SEG_ARGS out, x, w, nullptr, nullptr, nullptr, 16, n, k, 1, ldx, ldw, ldo, 0, bsw, 0, \
-                    ip, wi, int(num_segs), tiles, stream
-  cudaError_t e = two_slabs ? launch<2, 2, 2>(FI_SEG_ARGS) : launch<2, 1, 4>(FI_SEG_ARGS);
-#undef FI_SEG_ARGS
-  return (int)e;
+  GemvParams p{};
+  p.out = out; p.act = x; p.w = w;
+  p.m = 16; p.n = int(n); p.k = int(k);
+  p.lda = ldx; p.ldw = ldw; p.ldo = ldo; p.bsw = bsw;
+  p.seg_indptr = static_cast<const int64_t*>(seg_indptr);
+  p.seg_widx = static_cast<const int64_t*>(seg_widx);
+  p.num_segs = int(num_segs);
+  p.bs_a = static_cast<const float*>(bs_a);
+  p.bs_b = static_cast<const float*>(bs_b);
+  p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk; p.sbl = sbl;
+  return (int)(bs_a != nullptr ? dispatch<true>(p, 1, tiles, 16, stream)
+                               : dispatch<false>(p, 1, tiles, 16, stream));
+}
+
+// Block-scaled GEMM for M <= 16 (gemm_fp8_nt_groupwise at decode shapes): out = sum over
+// 128-wide K blocks of (A_blk @ W_blk^T) * a_scale[m, kb] * b_scale[n / 128, kb].
+FI_EXPORT int fi_gemv_blockscaled(void* out, const void* act, const void* w, const void* bs_a,
+                                  const void* bs_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                  int64_t ldw, int64_t ldo, int64_t sam, int64_t sak,
+                                  int64_t sbn, int64_t sbk, cudaStream_t stream) {
+  if (m < 0 || m > 16 || k % kV != 0 || lda % kV != 0 || ldw % kV != 0 || !aligned16(act, w) ||
+      n >= kMax32 || k >= kMax32 || bs_a == nullptr || bs_b == nullptr)
+    return (int)cudaErrorInvalidValue;
+  if (m == 0 || n == 0) return 0;
+  GemvParams p{};
+  p.out = out; p.act = act; p.w = w;
+  p.m = int(m); p.n = int(n); p.k = int(k);
+  p.lda = lda; p.ldw = ldw; p.ldo = ldo;
+  p.bs_a = static_cast<const float*>(bs_a);
+  p.bs_b = static_cast<const float*>(bs_b);
+  p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk;
+  return (int)dispatch<true>(p, 1, 1, int(m), stream);
 }

@@ -53,7 +53,8 @@ GEMM_SM90_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64",
 GEMV_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64",
              "i64", "i64", "i64", "i64", "stream")
 
-GEMV_SEGMENT_ARGS = ("ptr",) * 5 + ("i64",) * 8 + ("stream",)
+GEMV_SEGMENT_ARGS = ("ptr",) * 7 + ("i64",) * 13 + ("stream",)
+GEMV_BLOCKSCALED_ARGS = ("ptr",) * 5 + ("i64",) * 10 + ("stream",)
 
 
 def shape_class(m: int, n: int, l: int = 1) -> str:
@@ -94,6 +95,7 @@ def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype
         arch=arch,
         defines={"FI_TA": cuda_type(a_dtype), "FI_TW": cuda_type(w_dtype),
                  "FI_TD": cuda_type(out_dtype), "FI_TBIAS": cuda_type(bias_dtype)},
-        entries=(Entry("fi_gemv", GEMV_ARGS), Entry("fi_gemv_segment", GEMV_SEGMENT_ARGS)),
+        entries=(Entry("fi_gemv", GEMV_ARGS), Entry("fi_gemv_segment", GEMV_SEGMENT_ARGS),
+                 Entry("fi_gemv_blockscaled", GEMV_BLOCKSCALED_ARGS)),
         package="fi_gemm",
     )

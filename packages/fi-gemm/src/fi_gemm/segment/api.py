@@ -76,9 +76,9 @@ def _segment_dispatch(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     mod = load(gemv_spec(x.dtype, w.dtype, out.dtype, arch_of(dev)))
     mod.fi_gemv_segment(out.data_ptr(), x.data_ptr(), w.data_ptr(), seg_indptr.data_ptr(),
                         weight_indices.data_ptr() if weight_indices is not None else None,
-                        total, seg_indptr.shape[0] - 1, n, k,
+                        None, None, total, seg_indptr.shape[0] - 1, n, k,
                         x.stride(0) if total > 1 else k, w.stride(1), out.stride(0),
-                        w.stride(0), current_stream(dev))
+                        w.stride(0), 0, 0, 0, 0, 0, current_stream(dev))
 
 
 @torch.library.custom_op("fi_gemm::segment_gemm", mutates_args=("out",))
