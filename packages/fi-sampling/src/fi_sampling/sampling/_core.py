@@ -13,9 +13,13 @@ from fi_core.launch import ptr
 from . import reference
 from .spec import logits_spec, sampling_spec, threshold_spec
 
-# 0-4: fi_sampling_filtered modes on probabilities; 5: the fused top-k-first kernel on logits.
-MODES = {"plain": 0, "top_k": 1, "top_p": 2, "min_p": 3, "joint": 4, "top_k_first_logits": 5}
-_KIND = {0: "plain", 1: "top_k", 2: "top_p", 3: "min_p", 4: "top_k_top_p", 5: "top_k_top_p"}
+# 0-4: fi_sampling_filtered modes on probabilities; 5-7: fi_sampling_from_logits (softmax fused).
+MODES = {"plain": 0, "top_k": 1, "top_p": 2, "min_p": 3, "joint": 4,
+         "top_k_first_logits": 5, "plain_logits": 6, "joint_logits": 7}
+_KIND = {0: "plain", 1: "top_k", 2: "top_p", 3: "min_p", 4: "top_k_top_p"}
+# variant -> (kernel mode of fi_sampling_from_logits, reference kind, filter_apply_order)
+_LOGITS = {5: (2, "top_k_top_p", "top_k_first"), 6: (0, "plain", "joint"),
+           7: (4, "top_k_top_p", "joint")}
 THRESHOLD_MODES = {"top_k_renorm": 0, "top_p_renorm": 1, "top_k_mask": 2}
 
 
@@ -59,13 +63,13 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
                            thr_arr: Optional[torch.Tensor], thr: float,
                            seed_arr: Optional[torch.Tensor], seed: int,
                            off_arr: Optional[torch.Tensor], off: int, backend: str) -> None:
-    if backend == "cuda" and variant == MODES["top_k_first_logits"]:
+    if backend == "cuda" and variant in _LOGITS:
         mod = load(logits_spec(arch_of(probs.device)))
         ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
         os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
-        mod.fi_sampling_top_k_first_logits(
+        mod.fi_sampling_from_logits(
             out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
-            probs.shape[1], probs.stride(0), ptr(k_arr), int(k), ptr(thr_arr), float(thr),
+            probs.shape[1], probs.stride(0), _LOGITS[variant][0], ptr(k_arr), int(k), ptr(thr_arr), float(thr),
             ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
         return
     if backend == "cuda":
@@ -77,13 +81,14 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
             probs.shape[1], probs.stride(0), variant, ptr(k_arr), int(k), ptr(thr_arr), float(thr),
             ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
         return
-    kind = _KIND[variant]
     top_k = k_arr if k_arr is not None else k
     t = thr_arr if thr_arr is not None else thr
-    if variant == MODES["top_k_first_logits"]:  # `probs` holds logits here
+    if variant in _LOGITS:  # `probs` holds logits here
+        _, kind, order = _LOGITS[variant]
         dist = reference.filtered_probs(torch.softmax(probs.double(), dim=-1), kind, top_k=top_k,
-                                        top_p=t, filter_apply_order="top_k_first")
+                                        top_p=t, filter_apply_order=order)
     else:
+        kind = _KIND[variant]
         dist = reference.filtered_probs(probs, kind, top_k=top_k, top_p=t, min_p=t,
                                         filter_apply_order="joint")
     res = reference.sample(dist, indices, _host_int(seed_arr, seed), _host_int(off_arr, off))

@@ -99,16 +99,16 @@ def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] =
                          deterministic: bool = True, generator: Optional[torch.Generator] = None,
                          check_nan: bool = False, seed=None, offset=None) -> torch.Tensor:
     """Sample from ``softmax(logits)``: float32 ``[B, V]`` logits -> int32 ``[B_out]`` ids.
+    The softmax is fused into the sampling kernel (nothing is materialised). Rows without a
+    finite maximum logit return token 0.
 
     Examples
     --------
     >>> sampling_from_logits(torch.randn(2, 111), seed=3).dtype
     torch.int32
     """
-    A.matrix("logits", logits)
-    if check_nan:
-        A.check_no_nan("logits", logits)
-    return sampling_from_probs(softmax(logits), indices, deterministic, generator, False, seed, offset)
+    return _sample(SAMPLING_FROM_LOGITS, logits, "plain_logits", indices, generator, check_nan,
+                   seed, offset, name="logits")
 
 
 def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Threshold,
@@ -236,15 +236,12 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: TopK, top_p: T
     torch.Size([4])
     """
     _check_order(filter_apply_order)
-    A.matrix("logits", logits)
-    if check_nan:
-        A.check_no_nan("logits", logits)
-    if filter_apply_order == "joint":
-        return top_k_top_p_sampling_from_probs(softmax(logits), top_k, top_p, indices, "joint",
-                                               deterministic, generator, False, seed, offset)
-    # top_k_first: one fused kernel (top-k cut on the logits, softmax over the kept set, top-p).
-    return _sample(TOP_K_TOP_P_FROM_LOGITS, logits, "top_k_first_logits", indices, generator,
-                   False, seed, offset, top_k=top_k, thr=top_p, name="logits")
+    # One fused kernel: (top_k_first) the top-k cut on the logits, softmax over the kept set,
+    # top-p; (joint) softmax computed on the fly, both filters at once. Rows without a finite
+    # maximum logit return token 0.
+    mode = "joint_logits" if filter_apply_order == "joint" else "top_k_first_logits"
+    return _sample(TOP_K_TOP_P_FROM_LOGITS, logits, mode, indices, generator, check_nan, seed,
+                   offset, top_k=top_k, thr=top_p, name="logits")
 
 
 def _threshold_op(op, name, x, mode, top_k=None, top_p=None):

@@ -57,17 +57,17 @@ def speculative_spec(arch: Arch) -> KernelSpec:
     )
 
 
-LOGITS_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i32", "ptr", "f32", "ptr",
-               "u64", "i64", "ptr", "u64", "i64", "stream")
+LOGITS_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i32", "ptr", "i32", "ptr", "f32",
+               "ptr", "u64", "i64", "ptr", "u64", "i64", "stream")
 
 
 @functools.cache
 def logits_spec(arch: Arch) -> KernelSpec:
-    """fi_sampling_top_k_first_logits: fused top-k -> softmax -> top-p sampling from logits."""
+    """fi_sampling_from_logits: softmax fused into plain / top-k-first / joint sampling."""
     return KernelSpec(
         name="sampling_logits",
         sources=(_HERE / "sampling_logits.cu",),
         arch=arch,
-        entries=(Entry("fi_sampling_top_k_first_logits", LOGITS_ARGS),),
+        entries=(Entry("fi_sampling_from_logits", LOGITS_ARGS),),
         package="fi_sampling",
     )
