@@ -222,7 +222,7 @@ def time_host(fn: Callable[[], Any], iters: int = 2000, warmup: int = 200) -> fl
 def environment() -> dict:
     env: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": _command_line(),
         "python": platform.python_version(), "torch": torch.__version__,
         "torch_cuda": torch.version.cuda, "host": platform.node(),
     }
@@ -231,13 +231,28 @@ def environment() -> dict:
 
         info = device_info(0)
         env.update(gpu=info.name, arch=str(info.arch), sm_count=info.sm_count,
-                   driver=info.driver_version, l2_bytes=info.l2_bytes)
+                   cuda_driver_api=info.driver_version, l2_bytes=info.l2_bytes)
     except Exception as exc:
         env["gpu"] = f"none ({exc})"
+    try:
+        import pynvml  # noqa: PLC0415  (nvidia-ml-py, when present)
+
+        pynvml.nvmlInit()
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        env["driver"] = drv.decode() if isinstance(drv, bytes) else drv
+    except Exception:
+        env["driver"] = "unknown"
     from .version import __version__  # noqa: PLC0415
 
     env["fi_core"] = __version__
     return env
+
+
+def _command_line() -> str:
+    prog = os.path.basename(sys.argv[0])
+    if prog == "__main__.py":
+        prog = "python3 -m " + os.path.basename(os.path.dirname(sys.argv[0]))
+    return " ".join([prog] + sys.argv[1:])
 
 
 def gpu_slug(name: str) -> str:
