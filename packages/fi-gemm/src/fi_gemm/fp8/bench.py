@@ -1,0 +1,62 @@
+"""Benchmark routine ``gemm_fp8_nt_groupwise``: DeepSeek-style block-scaled fp8 GEMM
+(1 x 128 activation scales, 128 x 128 weight scales), N = K = 4096, against torch in the same run
+(torch._scaled_mm with block-wise scales where this torch supports it, else dequantise + matmul)."""
+
+from __future__ import annotations
+
+import torch
+
+from fi_core import testing
+from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+
+from .groupwise import gemm_fp8_nt_groupwise
+from .quant import quantize_fp8_block, quantize_fp8_per_token_group
+from .reference import expand_scales, groupwise_reference
+
+# (M, N, K, target_us): the best of FlashInfer and torch on the reference H200 (TARGETS.md).
+CONFIGS = [(1, 4096, 4096, None), (16, 4096, 4096, 12.9), (128, 4096, 4096, 25.6),
+           (4096, 4096, 4096, 117.0), (8192, 4096, 4096, 948.0)]
+
+
+def _torch_baseline(a, b, sa, sb):
+    """A callable for torch's best block-scaled path, and its name."""
+    try:
+        fn = lambda a, b, sa, sb: torch._scaled_mm(  # noqa: E731
+            a, b.T, sa, sb.T.contiguous().T, out_dtype=torch.bfloat16)
+        fn(a, b, sa, sb)
+        return fn, "torch._scaled_mm (blockwise)"
+    except Exception:
+        m, k = a.shape
+        n = b.shape[0]
+
+        def deq(a, b, sa, sb):
+            af = (a.float() * expand_scales(sa, m, k, 1, 128)).to(torch.bfloat16)
+            bf = (b.float() * expand_scales(sb, n, k, 128, 128)).to(torch.bfloat16)
+            return af @ bf.T
+        return deq, "dequantise + torch.matmul"
+
+
+@routine("gemm_fp8_nt_groupwise", family="fi-gemm",
+         help="block-scaled fp8 GEMM (1x128 / 128x128) vs torch")
+def groupwise_routine(args: RoutineArgs):
+    dev = args.device
+    for m, n, k, target in CONFIGS[:3] if args.quick else CONFIGS:
+        def make(i, m=m, n=n, k=k):
+            a, sa = quantize_fp8_per_token_group(
+                testing.randn((m, k), torch.float32, dev, seed=2 * i), scale_major_mode="K")
+            b, sb = quantize_fp8_block(
+                testing.randn((n, k), torch.float32, dev, seed=2 * i + 1), scale_major_mode="K")
+            return a, b, sa, sb
+        sets = rotating_inputs(make, dev)
+        a, b, sa, sb = sets[0]
+        got = gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K")
+        ref = groupwise_reference(a, b, sa, sb, torch.float32)
+        testing.assert_close(got.float() / k ** 0.5, ref / k ** 0.5, dtype=torch.bfloat16,
+                             msg=f"gemm_fp8_nt_groupwise M={m}: ")
+        ours = time_fn(lambda a, b, sa, sb: gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K"), sets)
+        base_fn, base_name = _torch_baseline(a, b, sa, sb)
+        base = time_fn(base_fn, sets)
+        yield BenchRow("gemm_fp8_nt_groupwise", f"M={m} N={n} K={k} e4m3 1x128/128x128", ours,
+                       bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
+                       baseline=(base_name, base), target_us=target,
+                       backend="gemv" if m <= 16 else "reference")
