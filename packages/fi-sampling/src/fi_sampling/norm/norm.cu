@@ -32,11 +32,11 @@ constexpr int kBlockMin = 128;     // threads per block when several rows share 
 constexpr int kMaxFloats = 32;     // NV * VW cap: the row stays in registers without spills
 constexpr int kMaxThreads = 1024;  // loop kernels
 constexpr int kRegsThreads = 512;  // register kernels: at most 512 threads per block ...
-// Register cap of the register kernels: the packed row arrays (x, w, and r when fused), ~4
-// registers of address/predicate state per vector slot, and ~32 for the rest; rounded to 8, at
-// least 64 (4 blocks of 256 threads per SM) and at most 120 (a 512-thread block then needs 60K of the
-// 64K registers, with room for the per-warp allocation granularity). The main case, 8192 bf16 (VW 8, NV 4), gets 80: 3 blocks and 48 KB of
-// loads in flight per SM, above the ~25 KB Little's law asks of HBM3e.
+// Register cap of the register kernels: the packed row arrays (x, and r when fused), ~4
+// registers of address/predicate state per vector slot, and ~32 for the rest; rounded to 8,
+// at least 64 (4 blocks of 256 threads per SM: 64 KB of x loads in flight) and at most 120
+// (a 512-thread block then needs 60K of the 64K registers, within the allocation granularity). The main case, 8192 bf16
+// (VW 8, NV 4), gets 64; Little's law asks ~25 KB in flight per SM of HBM3e.
 constexpr int regs_cap(int vw, int nv, int arrays) {
   const int words = nv * (vw >= 2 ? vw / 2 : 1) * arrays + 4 * nv + 32;
   const int r = (words + 7) / 8 * 8;
@@ -76,7 +76,7 @@ constexpr int kScratch = 4 * 32;
 // out = x * rsqrt(mean(x^2) + eps) * (w + w_offset); with FUSED, x = round(in + res) is first
 // written back to res (the rounded sum is what gets normalised, as FlashInfer does).
 template <int VW, int NV, bool FUSED>
-__global__ void __maxnreg__(regs_cap(VW, NV, FUSED ? 3 : 2))
+__global__ void __maxnreg__(regs_cap(VW, NV, FUSED ? 2 : 1))
 rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_t rows, int cols,
                     RowMap mo, RowMap mi, RowMap mr, float eps, float w_offset, int tpr) {
   using V = fi::vec_t<T, VW>;
@@ -94,14 +94,16 @@ rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
   // fit per SM and more bytes are in flight; converting again for the output costs ~1 ALU op.
   // All loads are issued before the first store: `res` may alias nothing we know of, so the
   // compiler could not move a later load above a residual store and loads would serialise.
-  V xv[NV], wv[NV], rv[NV];
+  // The weight is read after the reduction: every block of the SM reads the same row of it,
+  // so it is an L1 hit, and not holding it through the reduction saves 16 registers (4 blocks
+  // of 256 threads per SM instead of 3 in the 8192-wide bf16 case).
+  V xv[NV], rv[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = lane + i * tpr;
     if (valid && v < nvec) {
       xv[i].load(xrow + (int64_t)v * VW);
       if constexpr (FUSED) rv[i].load(rrow + (int64_t)v * VW);
-      wv[i].load(w + (int64_t)v * VW);  // issued early: hides its L2 latency behind the reduction
     }
   }
   float ss = 0.f;
@@ -128,10 +130,11 @@ rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
   for (int i = 0; i < NV; ++i) {
     const int v = lane + i * tpr;
     if (valid && v < nvec) {
-      V o;
+      V o, wv;
+      wv.load(w + (int64_t)v * VW);
 #pragma unroll
       for (int j = 0; j < VW; ++j)
-        o[j] = fi::from_float<T>(fi::to_float(xv[i][j]) * rrms * (fi::to_float(wv[i][j]) + w_offset));
+        o[j] = fi::from_float<T>(fi::to_float(xv[i][j]) * rrms * (fi::to_float(wv[j]) + w_offset));
       o.store(orow + (int64_t)v * VW);
     }
   }
@@ -178,7 +181,7 @@ rmsnorm_loop_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
 // LayerNorm with float32 gain/bias (FlashInfer's convention): mean and variance from the
 // register-resident row (two reductions, so no E[x^2] - E[x]^2 cancellation).
 template <int VW, int NV>
-__global__ void __maxnreg__(regs_cap(VW, NV, 3))
+__global__ void __maxnreg__(regs_cap(VW, NV, 2))  // x held as floats: 2 words per packed word
 layernorm_regs_kernel(T* out, const T* in, const float* __restrict__ g, const float* __restrict__ b,
                       int64_t rows, int cols, RowMap mo, RowMap mi, float eps, int tpr) {
   using V = fi::vec_t<T, VW>;
