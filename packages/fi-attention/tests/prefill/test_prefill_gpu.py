@@ -16,7 +16,7 @@ import torch
 from fi_core import testing
 from fi_attention.prefill import (BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
                                   single_prefill_with_kv_cache)
-from fi_attention.reference import attention_reference
+from fi_attention.reference import attention_reference, rope_llama
 
 pytestmark = testing.gpu_only()
 BACKEND = os.environ.get("FI_TEST_PREFILL_BACKEND", "fa2")
@@ -93,6 +93,22 @@ def test_single_prefill_features(feature):
     ref, ref_lse = attention_reference(q, k, v, return_lse=True, **rkw)
     _close(out, ref, torch.bfloat16, feature + ": ")
     testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("dqk,dvo", [(128, 128), (64, 64), (192, 128)])
+def test_single_prefill_rope_llama(dqk, dvo):
+    # The kernel rotates q/k in fp32 and rounds them to the input type before the mma (as
+    # FlashInfer); the oracle is the reference on q/k rotated the same way.
+    lq, lkv = 300, 1000
+    q, k, v = _qkv(lq, lkv, 8, 2, dqk, dvo, torch.bfloat16, seed=21)
+    out, lse = single_prefill_with_kv_cache(q, k, v, causal=True, pos_encoding_mode="ROPE_LLAMA",
+                                            rope_theta=5e5, backend="fa2", return_lse=True)
+    qpos = torch.arange(lq) + (lkv - lq)
+    qr = rope_llama(q.float().cpu(), qpos, 1.0, 5e5).to(torch.bfloat16)
+    kr = rope_llama(k.float().cpu(), torch.arange(lkv), 1.0, 5e5).to(torch.bfloat16)
+    ref, ref_lse = attention_reference(qr, kr, v.cpu(), causal=True, return_lse=True)
+    _close(out, ref, torch.bfloat16)
+    testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-3)  # angle error of fp32 sincos at pos ~1e3
 
 
 def _lens(batch, seed):

@@ -29,8 +29,6 @@ def fa2_unsupported(facts: dict) -> Optional[str]:
     kv = facts.get("kv_dtype")
     if kv is not None and facts.get("dtype") is not None and kv != facts["dtype"]:
         return f"needs k/v dtype == q dtype ({facts['dtype']}), got {kv} (fp8 KV not in fa2 yet)"
-    if facts.get("pos_encoding_mode") == "ROPE_LLAMA":
-        return "pos_encoding_mode='ROPE_LLAMA' is not fused into the fa2 kernel yet"
     return None
 
 

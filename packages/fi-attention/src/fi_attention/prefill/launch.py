@@ -33,7 +33,7 @@ INT_PARAMS = (
     "NUM_QO_HEADS", "NUM_KV_HEADS", "CAUSAL", "WINDOW_LEFT", "WORK_INDPTR", "NUM_CTAS",
     "MERGE", "MERGE_COUNT", "NUM_MERGE_CTAS",
 )
-FLOAT_PARAMS = ("SCALE_LOG2", "SOFTCAP_PRE", "SOFTCAP_POST", "SM_SCALE")
+FLOAT_PARAMS = ("SCALE_LOG2", "SOFTCAP_PRE", "SOFTCAP_POST", "SM_SCALE", "ROPE_RCP_SCALE", "ROPE_LOG2_THETA")
 _IP = {n: i for i, n in enumerate(INT_PARAMS)}
 _FP = {n: i for i, n in enumerate(FLOAT_PARAMS)}
 LOG2E = 1.4426950408889634
@@ -96,9 +96,9 @@ class Fa2Schedule:
 
 
 def fa2_variant(call_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool,
-                device: torch.device, custom_mask: bool, softcap: bool, alibi: bool):
+                device: torch.device, custom_mask: bool, softcap: bool, alibi: bool, rope: bool):
     return fa2_spec(call_dtype, head_dim_qk, head_dim_vo, paged, arch_of(device),
-                    custom_mask=custom_mask, softcap=softcap, alibi=alibi)
+                    custom_mask=custom_mask, softcap=softcap, alibi=alibi, rope=rope)
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,7 +179,7 @@ def run_fa2(c: PrefillCall) -> None:
     alibi = c.pos_encoding_mode == "ALIBI"
     softcap = c.logits_soft_cap is not None and c.logits_soft_cap > 0
     spec = fa2_variant(c.q.dtype, c.head_dim_qk, c.head_dim_vo, c.paged, c.q.device,
-                       c.packed_mask is not None, softcap, alibi)
+                       c.packed_mask is not None, softcap, alibi, c.pos_encoding_mode == "ROPE_LLAMA")
     rows = cta_rows(c.head_dim_qk, c.head_dim_vo, c.packed_mask is not None)
     if s.plan is not None and s.plan.cta_rows != rows:
         raise RuntimeError(f"fa2 schedule was planned for {s.plan.cta_rows}-row tiles, the kernel uses {rows}")
@@ -208,6 +208,8 @@ def run_fa2(c: PrefillCall) -> None:
         ip[_IP[k]] = v
     fp[_FP["SM_SCALE"]] = c.sm_scale
     fp[_FP["SCALE_LOG2"]] = c.sm_scale * LOG2E
+    fp[_FP["ROPE_RCP_SCALE"]] = 1.0 / c.rope_scale
+    fp[_FP["ROPE_LOG2_THETA"]] = math.log2(c.rope_theta)
     if softcap:
         fp[_FP["SOFTCAP_PRE"]] = c.sm_scale / c.logits_soft_cap
         fp[_FP["SOFTCAP_POST"]] = c.logits_soft_cap * LOG2E

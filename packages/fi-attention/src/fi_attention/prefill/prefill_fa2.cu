@@ -14,7 +14,7 @@
 // Compile-time configuration (one instantiation per module, from spec.py):
 //   FI_T (q/k/v/o element type), FI_D_QK, FI_D_VO, FI_NUM_WARPS, FI_M_TILES, FI_KV_TILE, FI_PAGED,
 //   FI_CUSTOM_MASK,
-//   FI_SOFTCAP, FI_ALIBI.
+//   FI_SOFTCAP, FI_ALIBI, FI_ROPE (Llama RoPE on Q/K tiles in shared memory).
 #include "fi/common.cuh"
 #include "fi/math.cuh"
 #include "fi/mma.cuh"
@@ -49,7 +49,10 @@ enum IntParam {
   IP_NUM_QO_HEADS, IP_NUM_KV_HEADS, IP_CAUSAL, IP_WINDOW_LEFT, IP_WORK_INDPTR, IP_NUM_CTAS,
   IP_MERGE, IP_MERGE_COUNT, IP_NUM_MERGE_CTAS, IP_COUNT
 };
-enum FloatParam { FP_SCALE_LOG2, FP_SOFTCAP_PRE, FP_SOFTCAP_POST, FP_SM_SCALE, FP_COUNT };
+enum FloatParam {
+  FP_SCALE_LOG2, FP_SOFTCAP_PRE, FP_SOFTCAP_POST, FP_SM_SCALE, FP_ROPE_RCP_SCALE, FP_ROPE_LOG2_THETA,
+  FP_COUNT
+};
 
 struct Params {
   const T* q; const T* k; const T* v; T* o; float* lse;
@@ -65,6 +68,8 @@ struct Params {
   float softcap_pre;   // sm_scale / cap
   float softcap_post;  // cap * log2(e)
   float sm_scale;
+  float rope_rcp_scale;  // 1 / rope_scale
+  float rope_log2_theta; // log2(rope_theta)
 };
 
 // Work item: req, kv head, packed_row_start, kv_start, kv_end, partial slot (-1: write o directly).
@@ -122,6 +127,38 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const T* g_base, i
     fi::cp_async_16(s_base + (row * CH + fi::swizzle_chunk(row, ch)) * 16, src, ok);
   }
 }
+
+#if FI_ROPE
+// Llama RoPE (non-interleaved halves) applied in place to `rows` rows of a swizzled Q/K tile in
+// shared memory: element i < D/2 pairs with i + D/2, angle = pos / (rope_scale * theta^(2i/D)).
+// The rotated values are rounded to T, as if the caller had rotated q/k before the kernel.
+template <typename PosFn>
+__device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of, const Params& p) {
+  constexpr int HALF = CQK / 2;  // 16-byte chunk pairs per row
+#pragma unroll 1
+  for (int i = threadIdx.x; i < rows * HALF; i += NT) {
+    const int row = i / HALF, c = i % HALF;
+    uint4* pa = reinterpret_cast<uint4*>(tile + (row * CQK + fi::swizzle_chunk(row, c)) * 16);
+    uint4* pb = reinterpret_cast<uint4*>(tile + (row * CQK + fi::swizzle_chunk(row, c + HALF)) * 16);
+    uint4 va = *pa, vb = *pb;
+    T* a = reinterpret_cast<T*>(&va);
+    T* b = reinterpret_cast<T*>(&vb);
+    const float pos = (float)pos_of(row);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int d = c * 8 + e;
+      const float inv_freq = exp2f(-(2.f * d / DQK) * p.rope_log2_theta) * p.rope_rcp_scale;
+      float sn, cs;
+      sincosf(pos * inv_freq, &sn, &cs);
+      const float x1 = fi::to_float(a[e]), x2 = fi::to_float(b[e]);
+      a[e] = fi::from_float<T>(x1 * cs - x2 * sn);
+      b[e] = fi::from_float<T>(x2 * cs + x1 * sn);
+    }
+    *pa = va;
+    *pb = vb;
+  }
+}
+#endif
 
 __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -193,6 +230,14 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       load_kv_tile<CVO>(sK1 + KN * DQK * 2, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0 + KN, kv_hi, kvh);
       fi::cp_async_commit();
     }
+#if FI_ROPE
+    // Rotate this tile's K (and, on the first tile, Q) in shared memory, then publish it.
+    if (it == 0) {
+      rope_tile(smem, CTA_M, [&](int row) { return (row_start + row) / G + off; }, p);
+    }
+    rope_tile(smem + (sK - sQ), KN, [&](int row) { return t0 + row; }, p);
+    __syncthreads();
+#endif
 
     // S = Q K^T (WARP_M x KN per warp); each K fragment feeds all MT row blocks.
     float s[MT][KN / 8][4];
@@ -438,6 +483,8 @@ Params make_params(const int64_t* ip, const double* fp) {
   p.softcap_pre = (float)fp[FP_SOFTCAP_PRE];
   p.softcap_post = (float)fp[FP_SOFTCAP_POST];
   p.sm_scale = (float)fp[FP_SM_SCALE];
+  p.rope_rcp_scale = (float)fp[FP_ROPE_RCP_SCALE];
+  p.rope_log2_theta = (float)fp[FP_ROPE_LOG2_THETA];
   return p;
 }
 

@@ -51,8 +51,10 @@ ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_
 
 @functools.cache
 def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool, arch: Arch,
-             custom_mask: bool = False, softcap: bool = False, alibi: bool = False) -> KernelSpec:
-    flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi)) if on)
+             custom_mask: bool = False, softcap: bool = False, alibi: bool = False,
+             rope: bool = False) -> KernelSpec:
+    flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi),
+                                    ("r", rope)) if on)
     warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)
     return KernelSpec(
         name=(f"prefill_fa2_{tag(dtype)}_d{head_dim_qk}x{head_dim_vo}_w{warps}m{m_tiles}n{kv_tile}"
@@ -64,6 +66,7 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
             "FI_NUM_WARPS": warps, "FI_M_TILES": m_tiles, "FI_KV_TILE": kv_tile,
             "FI_PAGED": int(paged),
             "FI_CUSTOM_MASK": int(custom_mask), "FI_SOFTCAP": int(softcap), "FI_ALIBI": int(alibi),
+            "FI_ROPE": int(rope),
         },
         entries=ENTRIES,
         package="fi_attention.prefill",
