@@ -51,7 +51,7 @@ def _sample(op, probs, mode: str, indices, generator, check_nan, seed, offset,
     k_arr, k = (None, 0)
     if top_k is not None:
         k_arr, k = A.threshold("top_k", top_k, rows, probs.device, integer=True, lo=1,
-                               hi=float("inf"), lo_open=False)
+                               hi=2**31 - 1, lo_open=False)
     t_arr, t = (None, 0.0)
     if thr is not None:
         t_arr, t = A.threshold(thr_name, thr, rows, probs.device, integer=False, lo=thr_lo,
@@ -250,7 +250,7 @@ def _threshold_op(op, name, x, mode, top_k=None, top_p=None):
     k_arr, k, p_arr, p = None, 0, None, 1.0
     if top_k is not None:
         k_arr, k = A.threshold("top_k", top_k, rows, x.device, integer=True, lo=1,
-                               hi=float("inf"), lo_open=False)
+                               hi=2**31 - 1, lo_open=False)
     if top_p is not None:
         p_arr, p = A.threshold("top_p", top_p, rows, x.device, integer=False, lo=0.0, hi=1.0,
                                lo_open=True)
