@@ -12,11 +12,14 @@
 //                                  d = c*D/4 + 4s + {0,1} | {2,3} for k-step s, so a lane's whole
 //                                  K slice is D/4 contiguous elements of token g: plain 16-byte
 //                                  loads straight from the page into registers, no shared memory.
-//   O[h, d] += P[h, t] V[t, d]     A = P (the S accumulators, as in FlashAttention-2), B = V with
-//                                  the n index order over head_dim also free: column g of n-tile j
-//                                  is d = g*D/8 + j, so a lane reads D/8 contiguous elements of
-//                                  each of its 4 tokens (2c, 2c+1, 8+2c, 9+2c) and pairs them with
-//                                  byte permutes.
+//   O^T[d, h] += V^T[d, t] P^T[t, h]  computed transposed so that the 8 MMA columns are the query
+//                                  heads (no padded rows, half the MMAs and accumulators of O = PV):
+//                                  B = P^T is exactly the S accumulator layout of row g; A = V^T
+//                                  with the row order over head_dim free: rows g, g+8 of m-tile i
+//                                  are d = g*D/8 + 2i + {0, 1}, so a lane reads D/8 contiguous
+//                                  elements of each of its 4 tokens (2c, 2c+1, 8+2c, 9+2c) and
+//                                  pairs them with byte permutes. The per-head softmax correction
+//                                  of columns 2c, 2c+1 comes from the lanes owning those S rows.
 // fp8 caches are widened to f16 in registers (cvt.f16x2.e4m3x2 is one instruction) and the MMAs
 // run in f16. Q is not pre-scaled (it stays exact in the MMA type); S is scaled in fp32.
 #include <type_traits>
@@ -102,23 +105,24 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
   }
 }
 
-// d += A(16x16) * B(16x8); A rows 8..15 are always zero here (a1 = a3 = 0).
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  const uint32_t z = 0;
+// d += A(16x16, row) * B(16x8, col), fp32 accumulators.
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                    uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<MT, __half>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   } else {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 }
 
-__global__ void __launch_bounds__(NW * 32) decode_mma_kernel(const Params p) {
+// 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
+__global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) {
   const int item = blockIdx.x;
   if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
   const int kvh = blockIdx.y / p.nsub;
@@ -156,9 +160,12 @@ __global__ void __launch_bounds__(NW * 32) decode_mma_kernel(const Params p) {
   float slope = 0.f;
   if constexpr (POS == 2) slope = fi_attn::alibi_slope(min(qh0 + g, p.hq - 1), p.hq) * fi::kLog2e;
 
-  float o[VD][4];
+  // O^T accumulators of m-tile i: [0] (d_i, head 2c), [1] (d_i, 2c+1), [2] (d_i + 1, 2c),
+  // [3] (d_i + 1, 2c+1) with d_i = g*VD + 2i.
+  constexpr int MTILES = D / 16;
+  float o[MTILES][4];
 #pragma unroll
-  for (int j = 0; j < VD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  for (int i = 0; i < MTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m = fi::kNegInf, l = 0.f;  // row g: m is uniform over the 4 lanes of the row, l partial
 
   const KVT* kb = p.k + kvh * p.k_sh + c * KD;
@@ -188,7 +195,7 @@ __global__ void __launch_bounds__(NW * 32) decode_mma_kernel(const Params p) {
       uint32_t kw[KD / 2];
       to_pairs<KD>(rk[i], kw);
 #pragma unroll
-      for (int st = 0; st < KSTEPS; ++st) mma(s[i], qa[st][0], qa[st][1], kw[2 * st], kw[2 * st + 1]);
+      for (int st = 0; st < KSTEPS; ++st) mma(s[i], qa[st][0], 0u, qa[st][1], 0u, kw[2 * st], kw[2 * st + 1]);
     }
     // Scores of row g: s[i][e] is token base + 8i + 2c + e.
     float x[4];
@@ -215,39 +222,44 @@ __global__ void __launch_bounds__(NW * 32) decode_mma_kernel(const Params p) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) pr[k] = fi::exp2_approx(x[k] - mx);
     l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+    // Columns 2c, 2c+1 of O^T are heads 2c, 2c+1: their corrections live in S rows 2c, 2c+1.
+    const float corr0 = __shfl_sync(fi::kFullMask, corr, 8 * c);
+    const float corr1 = __shfl_sync(fi::kFullMask, corr, 8 * c + 4);
 #pragma unroll
-    for (int j = 0; j < VD; ++j) {
-      o[j][0] *= corr;
-      o[j][1] *= corr;
+    for (int i = 0; i < MTILES; ++i) {
+      o[i][0] *= corr0;
+      o[i][1] *= corr1;
+      o[i][2] *= corr0;
+      o[i][3] *= corr1;
     }
-    const uint32_t pa0 = pack(pr[0], pr[1]);  // P[g][tokens 2c, 2c+1]
-    const uint32_t pa2 = pack(pr[2], pr[3]);  // P[g][tokens 8+2c, 9+2c]
+    const uint32_t pb0 = pack(pr[0], pr[1]);  // P^T[tokens 2c, 2c+1][head g]
+    const uint32_t pb1 = pack(pr[2], pr[3]);  // P^T[tokens 8+2c, 9+2c][head g]
     uint32_t vw[4][VD / 2];
 #pragma unroll
     for (int j = 0; j < 4; ++j) to_pairs<VD>(rv[j], vw[j]);
 #pragma unroll
-    for (int j = 0; j < VD; ++j) {
-      const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;  // high or low halves of two words
-      const uint32_t b0 = __byte_perm(vw[0][j >> 1], vw[1][j >> 1], sel);
-      const uint32_t b1 = __byte_perm(vw[2][j >> 1], vw[3][j >> 1], sel);
-      mma(o[j], pa0, pa2, b0, b1);
+    for (int i = 0; i < MTILES; ++i) {
+      // element 2i (row g) in the low halves, 2i + 1 (row g + 8) in the high halves
+      const uint32_t a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+      const uint32_t a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+      const uint32_t a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+      const uint32_t a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
+      mma(o[i], a0, a1, a2, a3, pb0, pb1);
     }
   }
   l += __shfl_xor_sync(fi::kFullMask, l, 1);
   l += __shfl_xor_sync(fi::kFullMask, l, 2);
 
-  // Merge the NW warp states through shared memory. Lane (g, c) holds row g at
-  // d = 2c*VD + j (o[j][0]) and (2c+1)*VD + j (o[j][1]).
+  // Merge the NW warp states through shared memory.
   __shared__ __align__(16) float sm_o[NW][GH][D];
   __shared__ float sm_m[NW][GH], sm_l[NW][GH];
-  if (g < GH) {
 #pragma unroll
-    for (int j = 0; j < VD; ++j) {
-      sm_o[warp][g][2 * c * VD + j] = o[j][0];
-      sm_o[warp][g][(2 * c + 1) * VD + j] = o[j][1];
-    }
-    if (c == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
+  for (int i = 0; i < MTILES; ++i) {
+    const int d = g * VD + 2 * i;
+    if (2 * c < GH) { sm_o[warp][2 * c][d] = o[i][0]; sm_o[warp][2 * c][d + 1] = o[i][2]; }
+    if (2 * c + 1 < GH) { sm_o[warp][2 * c + 1][d] = o[i][1]; sm_o[warp][2 * c + 1][d + 1] = o[i][3]; }
   }
+  if (g < GH && c == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
   __syncthreads();
   for (int e = threadIdx.x; e < GH * D; e += NW * 32) {
     const int gg = e / D, d = e % D;
