@@ -63,6 +63,16 @@ def test_layernorm(rows, hidden, dtype):
     testing.assert_close(norm.layernorm(x, g, b), layernorm_reference(x, g, b))
 
 
+@pytest.mark.parametrize("offset", [1, 2, 4])
+def test_layernorm_misaligned_params(offset):
+    # gemma/beta are read as float vectors; a sliced (4/8/16-byte aligned) parameter must
+    # narrow the access width, not fault or read the wrong columns.
+    x = _x((9, 4096), torch.bfloat16, seed=14)
+    g = testing.randn((4096 + 8,), torch.float32, DEV, seed=15)[offset: offset + 4096]
+    b = testing.randn((4096 + 8,), torch.float32, DEV, seed=16)[offset: offset + 4096]
+    testing.assert_close(norm.layernorm(x, g, b), layernorm_reference(x, g, b))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,heads,head_dim", [(1, 32, 128), (99, 8, 128), (7, 5, 111), (33, 4, 256)])
 def test_qk_norm_3d_from_fused_qkv(tokens, heads, head_dim, dtype):

@@ -185,6 +185,7 @@ __global__ void __maxnreg__(regs_cap(VW, NV, 2))  // x held as floats: 2 words p
 layernorm_regs_kernel(T* out, const T* in, const float* __restrict__ g, const float* __restrict__ b,
                       int64_t rows, int cols, RowMap mo, RowMap mi, float eps, int tpr) {
   using V = fi::vec_t<T, VW>;
+  using G = fi::vec_t<float, VW>;  // gemma/beta: float32, aligned to VW floats by the launcher
   __shared__ float scratch[kScratch];
   const int groups = blockDim.x / tpr;
   const int group = threadIdx.x / tpr, lane = threadIdx.x % tpr;
@@ -219,11 +220,11 @@ layernorm_regs_kernel(T* out, const T* in, const float* __restrict__ g, const fl
     const int v = lane + i * tpr;
     if (valid && v < nvec) {
       V o;
+      G gv, bv;
+      gv.load(g + (int64_t)v * VW);
+      bv.load(b + (int64_t)v * VW);
 #pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        const int c = v * VW + j;
-        o[j] = fi::from_float<T>((x[i][j] - mean) * rstd * g[c] + b[c]);
-      }
+      for (int j = 0; j < VW; ++j) o[j] = fi::from_float<T>((x[i][j] - mean) * rstd * gv[j] + bv[j]);
       o.store(out + mo.offset(row) + (int64_t)v * VW);
     }
   }
@@ -234,6 +235,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 layernorm_loop_kernel(T* out, const T* in, const float* __restrict__ g, const float* __restrict__ b,
                       int64_t rows, int cols, RowMap mo, RowMap mi, float eps) {
   using V = fi::vec_t<T, VW>;
+  using G = fi::vec_t<float, VW>;
   __shared__ float scratch[kScratch];
   const T* src = in + mi.offset(blockIdx.x);
   const int nvec = cols / VW;
@@ -255,12 +257,12 @@ layernorm_loop_kernel(T* out, const T* in, const float* __restrict__ g, const fl
   const float rstd = rsqrtf(group_sum(q, blockDim.x, 0, threadIdx.x, scratch) / (float)cols + eps);
   for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
     V a, o;
+    G gv, bv;
     a.load(src + (int64_t)v * VW);
+    gv.load(g + (int64_t)v * VW);
+    bv.load(b + (int64_t)v * VW);
 #pragma unroll
-    for (int j = 0; j < VW; ++j) {
-      const int c = v * VW + j;
-      o[j] = fi::from_float<T>((fi::to_float(a[j]) - mean) * rstd * g[c] + b[c]);
-    }
+    for (int j = 0; j < VW; ++j) o[j] = fi::from_float<T>((fi::to_float(a[j]) - mean) * rstd * gv[j] + bv[j]);
     o.store(out + mo.offset(blockIdx.x) + (int64_t)v * VW);
   }
 }
@@ -397,8 +399,9 @@ FI_EXPORT int fi_layernorm(void* out, const void* in, const void* gemma, const v
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (cols > (1LL << 30)) return cudaErrorInvalidValue;
   const int c = (int)cols;
-  // gemma/beta are float32 and read element-wise, so only the T tensors constrain the width.
-  const int vw = pick_vw(c, {out_s0, in_s0}, {out, in});
+  int vw = pick_vw(c, {out_s0, in_s0}, {out, in});
+  // gemma/beta (float32) are read as VW-float vectors: they must be aligned to VW * 4 bytes.
+  while (vw > 1 && !(fi::is_aligned(gemma, vw * 4) && fi::is_aligned(beta, vw * 4))) vw >>= 1;
   const RowMap mo{1, out_s0, 0}, mi{1, in_s0, 0};
   const Plan p = plan_rows(rows, c, vw, 16);
   T* o = static_cast<T*>(out);
