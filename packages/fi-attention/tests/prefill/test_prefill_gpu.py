@@ -111,6 +111,18 @@ def test_single_prefill_rope_llama(dqk, dvo):
     testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-3)  # angle error of fp32 sincos at pos ~1e3
 
 
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2)])
+def test_single_prefill_fp8_kv_with_scales(dtype, kv_dtype):
+    lq, lkv = 257, 1000
+    q, k, v = _qkv(lq, lkv, 8, 2, 128, 128, dtype, seed=31)
+    k8, v8 = k.to(kv_dtype), v.to(kv_dtype)
+    out, lse = single_prefill_with_kv_cache(q, k8, v8, causal=True, scale_k=0.5, scale_v=2.0,
+                                            backend="fa2", return_lse=True)
+    ref, ref_lse = attention_reference(q, k8, v8, causal=True, k_scale=0.5, v_scale=2.0, return_lse=True)
+    _close(out, ref, dtype)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
 def _lens(batch, seed):
     rng = np.random.default_rng(seed)
     qo = rng.choice([0, 1, 7, 127, 300], size=batch)
@@ -205,6 +217,21 @@ def test_paged_matches_ragged(page_size, layout, as_tensor):
     _close(out, ref, torch.bfloat16)
     testing.assert_close(lse, ref_lse, **LSE_TOL)
     torch.testing.assert_close(out, out_r, rtol=0, atol=0)  # same plan, same kernel math
+
+
+def test_paged_fp8_kv():
+    qo, kv = [5, 127, 300], [40, 1000, 300]
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=6)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    # Build the cache in fp32 (exact for fp8 values), then store it as fp8.
+    (kc, vc), indptr, indices, last = _paged(kv, k8.float(), v8.float(), 16, "NHD", seed=2)
+    cache = (kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn))
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(_indptr(qo), indptr, indices, last, 8, 2, 128, 16, causal=True, q_data_type=torch.bfloat16,
+           kv_data_type=torch.float8_e4m3fn)
+    out = w.run(q, cache, k_scale=0.25, v_scale=3.0)
+    ref, _ = _per_request_ref(q, k8, v8, qo, kv, causal=True, k_scale=0.25, v_scale=3.0)
+    _close(out, ref, torch.bfloat16)
 
 
 def test_batch_custom_mask_and_window():

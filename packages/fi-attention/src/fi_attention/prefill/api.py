@@ -29,11 +29,11 @@ _SINGLE_WORKSPACE_BYTES = 256 << 20
 
 @functools.lru_cache(maxsize=256)
 def _single_schedule(device, dtype, qo_len, kv_len, num_kv_heads, group, dqk, dvo, causal, window_left,
-                     custom_mask):
+                     custom_mask, kv_dtype):
     plan = plan_for_call([qo_len], [kv_len], device=device, dtype=dtype, num_kv_heads=num_kv_heads,
                          group=group, head_dim_qk=dqk, head_dim_vo=dvo, paged=False, causal=causal,
                          window_left=window_left, workspace_bytes=_SINGLE_WORKSPACE_BYTES,
-                         custom_mask=custom_mask)
+                         custom_mask=custom_mask, kv_dtype=kv_dtype)
     return plan, make_schedule(plan, device, None if plan.num_slots == 0 else _partials(plan, dvo, device),
                                dqk, dvo, non_blocking=False)
 
@@ -216,7 +216,7 @@ def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_
         packed_mask=packed_mask)
     if choice.name == "fa2":
         plan, sched = _single_schedule(q.device, q.dtype, lq, lkv, hkv, hq // hkv, dqk, dvo,
-                                       bool(causal), int(window_left), packed_mask is not None)
+                                       bool(causal), int(window_left), packed_mask is not None, k.dtype)
         if plan.num_slots:  # fresh partial storage per call: concurrent streams never share it
             ws = _partials(plan, dvo, q.device)
             n_o = sched.tmp_o.numel()

@@ -18,6 +18,7 @@ from .launch import PrefillCall, run_fa2
 from .spec import fa2_spec
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # (head_dim_qk, head_dim_vo) pairs the fa2 kernel is built for.
 FA2_HEAD_DIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
 
@@ -27,8 +28,8 @@ def fa2_unsupported(facts: dict) -> Optional[str]:
     if None not in dims and dims not in FA2_HEAD_DIMS:
         return f"head dims (qk, vo) must be one of {FA2_HEAD_DIMS}, got {dims}"
     kv = facts.get("kv_dtype")
-    if kv is not None and facts.get("dtype") is not None and kv != facts["dtype"]:
-        return f"needs k/v dtype == q dtype ({facts['dtype']}), got {kv} (fp8 KV not in fa2 yet)"
+    if kv is not None and facts.get("dtype") is not None and kv not in (facts["dtype"],) + FP8_DTYPES:
+        return f"needs k/v dtype == q dtype ({facts['dtype']}) or float8_e4m3fn/e5m2, got {kv}"
     return None
 
 

@@ -96,9 +96,10 @@ class Fa2Schedule:
 
 
 def fa2_variant(call_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool,
-                device: torch.device, custom_mask: bool, softcap: bool, alibi: bool, rope: bool):
+                device: torch.device, custom_mask: bool, softcap: bool, alibi: bool, rope: bool,
+                kv_dtype: torch.dtype):
     return fa2_spec(call_dtype, head_dim_qk, head_dim_vo, paged, arch_of(device),
-                    custom_mask=custom_mask, softcap=softcap, alibi=alibi, rope=rope)
+                    custom_mask=custom_mask, softcap=softcap, alibi=alibi, rope=rope, kv_dtype=kv_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,10 +110,11 @@ def _occupancy(spec) -> int:
 
 
 def grid_size(device: torch.device, dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int,
-              paged: bool, custom_mask: bool = False) -> int:
+              paged: bool, custom_mask: bool = False, kv_dtype: Optional[torch.dtype] = None) -> int:
     """Persistent CTAs: SM count (read from the device) x resident CTAs per SM."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    spec = fa2_spec(dtype, head_dim_qk, head_dim_vo, paged, arch_of(device), custom_mask=custom_mask)
+    spec = fa2_spec(dtype, head_dim_qk, head_dim_vo, paged, arch_of(device), custom_mask=custom_mask,
+                    kv_dtype=kv_dtype)
     return device_info(idx).sm_count * _occupancy(spec)
 
 
@@ -179,7 +181,8 @@ def run_fa2(c: PrefillCall) -> None:
     alibi = c.pos_encoding_mode == "ALIBI"
     softcap = c.logits_soft_cap is not None and c.logits_soft_cap > 0
     spec = fa2_variant(c.q.dtype, c.head_dim_qk, c.head_dim_vo, c.paged, c.q.device,
-                       c.packed_mask is not None, softcap, alibi, c.pos_encoding_mode == "ROPE_LLAMA")
+                       c.packed_mask is not None, softcap, alibi, c.pos_encoding_mode == "ROPE_LLAMA",
+                       c.k.dtype)
     rows = cta_rows(c.head_dim_qk, c.head_dim_vo, c.packed_mask is not None)
     if s.plan is not None and s.plan.cta_rows != rows:
         raise RuntimeError(f"fa2 schedule was planned for {s.plan.cta_rows}-row tiles, the kernel uses {rows}")
@@ -218,10 +221,10 @@ def run_fa2(c: PrefillCall) -> None:
 
 def plan_for_call(qo_lens, kv_lens, *, device, dtype, num_kv_heads, group, head_dim_qk,
                   head_dim_vo, paged, causal, window_left, workspace_bytes, custom_mask=False,
-                  allow_split=True, num_ctas=None) -> Plan:
+                  allow_split=True, num_ctas=None, kv_dtype=None) -> Plan:
     rows = cta_rows(head_dim_qk, head_dim_vo, custom_mask)
     if num_ctas is None:
-        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged, custom_mask)
+        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged, custom_mask, kv_dtype)
     return plan_fa2(qo_lens, kv_lens, num_kv_heads=num_kv_heads, group=group, cta_rows=rows,
                     causal=causal, window_left=window_left, num_ctas=num_ctas,
                     max_slots=max_slots_for(workspace_bytes, head_dim_qk, head_dim_vo, custom_mask),

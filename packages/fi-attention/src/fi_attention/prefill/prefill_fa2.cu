@@ -14,7 +14,7 @@
 // Compile-time configuration (one instantiation per module, from spec.py):
 //   FI_T (q/k/v/o element type), FI_D_QK, FI_D_VO, FI_NUM_WARPS, FI_M_TILES, FI_KV_TILE, FI_PAGED,
 //   FI_CUSTOM_MASK,
-//   FI_SOFTCAP, FI_ALIBI, FI_ROPE (Llama RoPE on Q/K tiles in shared memory).
+//   FI_SOFTCAP, FI_ALIBI, FI_ROPE (Llama RoPE on Q/K tiles in shared memory), FI_KV_FP8 + FI_KV_T.
 #include "fi/common.cuh"
 #include "fi/math.cuh"
 #include "fi/mma.cuh"
@@ -24,6 +24,13 @@
 namespace {
 
 using T = FI_T;
+// K/V element type: T, or an fp8 type (FI_KV_FP8) that is staged raw and widened to T in
+// shared memory before the mma (mma.sync has no mixed fp8 x 16-bit form).
+#if FI_KV_FP8
+using KVT = FI_KV_T;
+#else
+using KVT = T;
+#endif
 constexpr int DQK = FI_D_QK;
 constexpr int DVO = FI_D_VO;
 constexpr int NW = FI_NUM_WARPS;
@@ -34,7 +41,12 @@ constexpr int CTA_M = NW * WARP_M;  // packed query rows per CTA
 constexpr int KN = FI_KV_TILE;      // kv tokens per tile (32 or 64)
 constexpr int CQK = DQK * 2 / 16;   // 16-byte chunks per Q/K row
 constexpr int CVO = DVO * 2 / 16;   // 16-byte chunks per V row
-static_assert(sizeof(T) == 2, "fa2 kernel takes 16-bit q/k/v");
+constexpr int RQK = DQK * (int)sizeof(KVT) / 16;  // 16-byte chunks per raw (global-format) K row
+constexpr int RVO = DVO * (int)sizeof(KVT) / 16;
+// Bytes of one pipeline stage: a raw K tile and a raw V tile.
+constexpr int kStageBytes = KN * (DQK + DVO) * (int)sizeof(KVT);
+static_assert(sizeof(T) == 2, "fa2 kernel takes 16-bit q/o");
+static_assert(sizeof(KVT) == 2 || sizeof(KVT) == 1, "k/v are 16-bit or fp8");
 static_assert(DQK % 64 == 0 && DVO % 64 == 0, "head dims must be multiples of 64 (swizzle, mma)");
 
 // Host parameter block. The launcher receives it as two host arrays (int64 and double) whose
@@ -55,7 +67,7 @@ enum FloatParam {
 };
 
 struct Params {
-  const T* q; const T* k; const T* v; T* o; float* lse;
+  const T* q; const KVT* k; const KVT* v; T* o; float* lse;
   float* tmp_o; float* tmp_lse;
   const int* work; const int* work_indptr;
   const int* merge; const int* merge_count;  // merge items and their number (device scalar)
@@ -100,7 +112,7 @@ __device__ __forceinline__ Request request_of(const Params& p, int req) {
 }
 
 // Address of kv token `pos` of the request, head `h` (row start).
-__device__ __forceinline__ const T* kv_row(const T* base, int64_t sp, int64_t sn, int64_t sh,
+__device__ __forceinline__ const KVT* kv_row(const KVT* base, int64_t sp, int64_t sn, int64_t sh,
                                            const Params& p, const Request& r, int pos, int h) {
 #if FI_PAGED
   const int page = __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size);
@@ -111,9 +123,10 @@ __device__ __forceinline__ const T* kv_row(const T* base, int64_t sp, int64_t sn
 #endif
 }
 
-// Copy KN kv rows [t0, t0 + KN) of one head into swizzled smem; rows >= kv_hi are zero-filled.
-template <int CH>
-__device__ __forceinline__ void load_kv_tile(uint32_t s_base, const T* g_base, int64_t sp,
+// Copy KN kv rows [t0, t0 + KN) of one head into smem (CH 16-byte chunks per row, XOR-swizzled
+// when SWZ); rows >= kv_hi are zero-filled.
+template <int CH, bool SWZ = true>
+__device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base, int64_t sp,
                                              int64_t sn, int64_t sh, const Params& p,
                                              const Request& r, int t0, int kv_hi, int h) {
   // Not unrolled: an unrolled loop keeps every row's 64-bit source address live at once, and
@@ -123,10 +136,42 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const T* g_base, i
     const int row = i / CH, ch = i % CH;
     const int pos = t0 + row;
     const bool ok = pos < kv_hi;
-    const T* src = ok ? kv_row(g_base, sp, sn, sh, p, r, pos, h) + ch * 8 : g_base;
-    fi::cp_async_16(s_base + (row * CH + fi::swizzle_chunk(row, ch)) * 16, src, ok);
+    const KVT* src = ok ? kv_row(g_base, sp, sn, sh, p, r, pos, h) + ch * (16 / (int)sizeof(KVT)) : g_base;
+    fi::cp_async_16(s_base + (row * CH + (SWZ ? fi::swizzle_chunk(row, ch) : ch)) * 16, src, ok);
   }
 }
+
+// Issue the copies of kv tile [t0, t0 + KN) into pipeline stage `stage` (global format).
+__device__ __forceinline__ void load_stage(uint32_t stage, const Params& p, const Request& r, int t0,
+                                           int kv_hi, int h) {
+  constexpr bool kSwz = !FI_KV_FP8;  // raw fp8 rows are only read row-linearly by the converter
+  load_kv_tile<RQK, kSwz>(stage, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0, kv_hi, h);
+  load_kv_tile<RVO, kSwz>(stage + KN * DQK * (int)sizeof(KVT), p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0, kv_hi, h);
+}
+
+#if FI_KV_FP8
+// Widen a raw fp8 tile (KN rows x RAW chunks of 16 elements, unswizzled) to T in the swizzled
+// layout the mma fragments read (CH = 2 * RAW chunks of 8 elements per row).
+template <int RAW, int CH>
+__device__ __forceinline__ void widen_tile(const uint8_t* raw, uint8_t* dst) {
+#pragma unroll 1
+  for (int i = threadIdx.x; i < KN * RAW; i += NT) {
+    const int row = i / RAW, c = i % RAW;
+    const uint4 v = *reinterpret_cast<const uint4*>(raw + (row * RAW + c) * 16);
+    const KVT* e = reinterpret_cast<const KVT*>(&v);
+    uint4 lo, hi;
+    T* a = reinterpret_cast<T*>(&lo);
+    T* b = reinterpret_cast<T*>(&hi);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      a[j] = fi::from_float<T>(fi::to_float(e[j]));
+      b[j] = fi::from_float<T>(fi::to_float(e[8 + j]));
+    }
+    *reinterpret_cast<uint4*>(dst + (row * CH + fi::swizzle_chunk(row, 2 * c)) * 16) = lo;
+    *reinterpret_cast<uint4*>(dst + (row * CH + fi::swizzle_chunk(row, 2 * c + 1)) * 16) = hi;
+  }
+}
+#endif
 
 #if FI_ROPE
 // Llama RoPE (non-interleaved halves) applied in place to `rows` rows of a swizzled Q/K tile in
@@ -168,10 +213,14 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   const int G = p.group;
   const int off = r.kv_len - r.qo_len;  // causal diagonal offset (bottom-right alignment)
 
-  // Shared memory: Q tile, then two stages of (K tile, V tile).
+  // Shared memory: Q tile, two stages of (K tile, V tile) in global format, and (fp8 KV only)
+  // the current tile widened to T.
   const uint32_t sQ = fi::smem_u32(smem);
   const uint32_t sKV = sQ + CTA_M * DQK * 2;
-  constexpr uint32_t kStageBytes = KN * (DQK + DVO) * 2;
+#if FI_KV_FP8
+  const uint32_t sKw = sKV + 2 * kStageBytes;
+  const uint32_t sVw = sKw + KN * DQK * 2;
+#endif
 
   // kv range of this CTA: the work item's range, clipped by causality and the window.
   const int min_qi = row_start / G;
@@ -190,10 +239,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     const T* src = ok ? p.q + (int64_t)(r.qo_start + qi) * p.q_sn + (int64_t)hq * p.q_sh + ch * 8 : p.q;
     fi::cp_async_16(sQ + (row * CQK + fi::swizzle_chunk(row, ch)) * 16, src, ok);
   }
-  if (n_tiles > 0) {
-    load_kv_tile<CQK>(sKV, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, kv_lo, kv_hi, kvh);
-    load_kv_tile<CVO>(sKV + KN * DQK * 2, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, kv_lo, kv_hi, kvh);
-  }
+  if (n_tiles > 0) load_stage(sKV, p, r, kv_lo, kv_hi, kvh);
   fi::cp_async_commit();
 
   // This thread's rows: (mt, h) -> packed row row_start + warp * WARP_M + mt * 16 + g + 8 h.
@@ -217,26 +263,38 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 
   for (int it = 0; it < n_tiles; ++it) {
     const int t0 = kv_lo + it * KN;
-    const uint32_t sK = sKV + (it & 1) * kStageBytes;
-    const uint32_t sV = sK + KN * DQK * 2;
+    const uint32_t stage = sKV + (it & 1) * kStageBytes;
+#if FI_KV_FP8
+    const uint32_t sK = sKw, sV = sVw;
+#else
+    const uint32_t sK = stage, sV = stage + KN * DQK * 2;
+#endif
     // Two-stage pipeline, one barrier per tile: tile `it` (issued one iteration ago) has landed,
     // and every warp has finished tile it-1, so its stage can take tile it+1 while this one is
     // being computed.
     fi::cp_async_wait<0>();
     __syncthreads();
     if (it + 1 < n_tiles) {
-      const uint32_t sK1 = sKV + ((it + 1) & 1) * kStageBytes;
-      load_kv_tile<CQK>(sK1, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0 + KN, kv_hi, kvh);
-      load_kv_tile<CVO>(sK1 + KN * DQK * 2, p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0 + KN, kv_hi, kvh);
+      load_stage(sKV + ((it + 1) & 1) * kStageBytes, p, r, t0 + KN, kv_hi, kvh);
       fi::cp_async_commit();
     }
+#if FI_KV_FP8
+    // The widened buffer is free: every warp passed the barrier above, so finished tile it-1.
+    widen_tile<RQK, CQK>(smem + (stage - sQ), smem + (sK - sQ));
+    widen_tile<RVO, CVO>(smem + (stage - sQ) + KN * DQK, smem + (sV - sQ));
 #if FI_ROPE
-    // Rotate this tile's K (and, on the first tile, Q) in shared memory, then publish it.
+    __syncthreads();  // RoPE pairs elements written by other threads' widening
+#endif
+#endif
+#if FI_ROPE
+    // Rotate this tile's K (and, on the first tile, Q) in shared memory.
     if (it == 0) {
       rope_tile(smem, CTA_M, [&](int row) { return (row_start + row) / G + off; }, p);
     }
     rope_tile(smem + (sK - sQ), KN, [&](int row) { return t0 + row; }, p);
-    __syncthreads();
+#endif
+#if FI_KV_FP8 || FI_ROPE
+    __syncthreads();  // publish the widened / rotated tile
 #endif
 
     // S = Q K^T (WARP_M x KN per warp); each K fragment feeds all MT row blocks.
@@ -450,8 +508,8 @@ __global__ void __launch_bounds__(kMergeThreads) prefill_fa2_merge_kernel(const 
 Params make_params(const int64_t* ip, const double* fp) {
   Params p;
   p.q = reinterpret_cast<const T*>(ip[IP_Q]);
-  p.k = reinterpret_cast<const T*>(ip[IP_K]);
-  p.v = reinterpret_cast<const T*>(ip[IP_V]);
+  p.k = reinterpret_cast<const KVT*>(ip[IP_K]);
+  p.v = reinterpret_cast<const KVT*>(ip[IP_V]);
   p.o = reinterpret_cast<T*>(ip[IP_O]);
   p.lse = reinterpret_cast<float*>(ip[IP_LSE]);
   p.tmp_o = reinterpret_cast<float*>(ip[IP_TMP_O]);
@@ -490,7 +548,7 @@ Params make_params(const int64_t* ip, const double* fp) {
 
 }  // namespace
 
-constexpr int kSmemBytes = (CTA_M * DQK + 2 * KN * (DQK + DVO)) * 2;
+constexpr int kSmemBytes = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
 
 // Runs the attention work list and then (if any item was split) the merge. `ip`/`fp` are host
 // arrays laid out as IntParam / FloatParam. Reads them at call time, so CUDA-graph capture

@@ -52,12 +52,15 @@ ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_
 @functools.cache
 def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool, arch: Arch,
              custom_mask: bool = False, softcap: bool = False, alibi: bool = False,
-             rope: bool = False) -> KernelSpec:
+             rope: bool = False, kv_dtype: torch.dtype = None) -> KernelSpec:
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    fp8 = kv_dtype != dtype
     flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi),
                                     ("r", rope)) if on)
     warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)
     return KernelSpec(
-        name=(f"prefill_fa2_{tag(dtype)}_d{head_dim_qk}x{head_dim_vo}_w{warps}m{m_tiles}n{kv_tile}"
+        name=(f"prefill_fa2_{tag(dtype)}{'_kv' + tag(kv_dtype) if fp8 else ''}_d{head_dim_qk}x{head_dim_vo}"
+              f"_w{warps}m{m_tiles}n{kv_tile}"
               f"{'_' + flags if flags else ''}"),
         sources=(_HERE / "prefill_fa2.cu",),
         arch=arch,
@@ -66,7 +69,7 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
             "FI_NUM_WARPS": warps, "FI_M_TILES": m_tiles, "FI_KV_TILE": kv_tile,
             "FI_PAGED": int(paged),
             "FI_CUSTOM_MASK": int(custom_mask), "FI_SOFTCAP": int(softcap), "FI_ALIBI": int(alibi),
-            "FI_ROPE": int(rope),
+            "FI_ROPE": int(rope), "FI_KV_FP8": int(fp8), "FI_KV_T": cuda_type(kv_dtype),
         },
         entries=ENTRIES,
         package="fi_attention.prefill",

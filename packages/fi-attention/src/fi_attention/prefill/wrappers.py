@@ -134,7 +134,8 @@ class _BatchPrefillBase:
 
     def _plan_fa2(self, group, non_blocking):
         masked = self._mask is not None
-        num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged, masked)
+        num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged, masked,
+                             self._kv_dtype)
         ws_bytes = self._ws.numel() * self._ws.element_size()
         plan = plan_fa2(self._qo_lens.numpy(), self._kv_lens.numpy(), num_kv_heads=self._num_kv_heads,
                         group=group, cta_rows=cta_rows(self._dqk, self._dvo, masked), causal=self._causal,
