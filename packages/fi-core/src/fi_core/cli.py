@@ -184,7 +184,7 @@ def cmd_cache(args) -> int:
 
 # ----- precompile ------------------------------------------------------------------------------
 
-def collect_specs(archs, ops: Sequence[str] = ()):
+def collect_specs(archs, ops: Sequence[str] = (), families: Sequence[str] = ()):
     from .registry import all_ops  # noqa: PLC0415
     from .selftest import selftest_spec  # noqa: PLC0415
 
@@ -193,6 +193,8 @@ def collect_specs(archs, ops: Sequence[str] = ()):
     if unknown:
         raise SystemExit(f"unknown op(s) {unknown}; registered: {sorted(known)}")
     chosen = [known[o] for o in ops] if ops else list(known.values())
+    if families:
+        chosen = [o for o in chosen if o.family in families]
     specs = []
     for arch in archs:
         if not ops:
@@ -211,7 +213,7 @@ def cmd_precompile(args) -> int:
     from .jit import build_many  # noqa: PLC0415
 
     archs = archs_for_build(args.arch)
-    specs = collect_specs(archs, args.ops)
+    specs = collect_specs(archs, args.ops, args.family or ())
     _p(f"precompiling {len(specs)} module(s) for {' '.join(map(str, archs))} "
        f"with {args.jobs or knobs.max_jobs() or 'all'} job(s)")
     t0 = time.time()
@@ -285,6 +287,7 @@ def build_parser(prog: str, extra: Sequence[Callable] = ()) -> argparse.Argument
     s.add_argument("--arch", action="append", help="target arch, e.g. 9.0a (repeatable; default "
                    "FI_CUDA_ARCH_LIST or the current GPU)")
     s.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes")
+    s.add_argument("--family", action="append", help="only ops of this family, e.g. fi-sampling")
     s.add_argument("ops", nargs="*", help="ops to build (default: all registered)")
     s.set_defaults(fn=cmd_precompile)
 
