@@ -2,5 +2,6 @@
 added next to it by the prefill work."""
 
 from .merge import merge_state, merge_state_in_place, merge_states
+from .multilevel import MultiLevelCascadeAttentionWrapper
 
-__all__: list[str] = ["merge_state", "merge_state_in_place", "merge_states"]
+__all__: list[str] = ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"]
