@@ -116,3 +116,18 @@ def test_torch_compile_fullgraph_cpu():
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(a, b, sa, sb), f(a, b, sa, sb), atol=0, rtol=0)
+
+
+def test_groupwise_backend_reasons():
+    from fi_core import Arch
+    from fi_gemm.fp8 import groupwise as gw
+
+    h = Arch.parse("9.0a")
+    by = {b.name: b for b in gw.GEMM_FP8_GROUPWISE.backends}
+    f = dict(m=128, k_ok=True, d_ok=True, segmented=False, arch=h)
+    assert by["gemv"].reason("cuda", h, e4m3, f) is not None          # M > 16
+    assert by["cutlass_sm90"].reason("cuda", h, e4m3, f) is None
+    assert "M % 4" in by["cutlass_sm90"].reason("cuda", h, e4m3, dict(f, m=127))
+    assert by["cutlass_sm90"].reason("cuda", Arch.parse("8.9"), e4m3, f) is not None
+    assert by["gemv"].reason("cuda", h, e4m3, dict(f, m=1)) is None
+    assert len(gw.GEMM_FP8_GROUPWISE.specs(h)) == 2

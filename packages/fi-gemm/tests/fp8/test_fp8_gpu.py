@@ -1,13 +1,16 @@
 """GPU tests of the block-scaled FP8 GEMMs against the fp32 dequantised reference.
 
-Grid reduction: M covers the decode kernel (1, 3, 16) and the reference fallback (127); K = 784
-ends in a partial 128-block; N = 1000 ends in a partial 128-row weight block. Both scale modes.
+Grid reduction: M covers the decode kernel (1, 3, 16), the CUTLASS blockwise kernel (128, 1024:
+M % 4 == 0) and the reference fallback (127); K = 784 ends in a partial 128-block; N = 1000 ends
+in a partial 128-row weight block. Both scale modes.
 """
 
 import pytest
 import torch
 
-from fi_core import arch_of, testing
+from fi_core import arch_of, load_many, testing
+from fi_gemm.dense.spec import gemv_spec
+from fi_gemm.fp8.spec import blockwise_sm90_spec
 from fi_gemm import (gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise, quantize_fp8_block,
                      quantize_fp8_per_token_group)
 from fi_gemm.fp8.reference import groupwise_reference
@@ -23,7 +26,17 @@ def _needs_sm89():
         pytest.skip("fp8 MMA needs sm_89+")
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 127])
+@pytest.fixture(scope="module", autouse=True)
+def _warm():
+    arch = arch_of(torch.device(DEV))
+    e4m3 = torch.float8_e4m3fn
+    specs = [gemv_spec(e4m3, e4m3, bf16, arch)] if arch.cc >= 89 else []
+    if arch.cc == 90:
+        specs.append(blockwise_sm90_spec(e4m3, e4m3, bf16, "default", arch))
+    load_many(specs)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 127, 128, 1024])
 @pytest.mark.parametrize("n, k", [(1000, 784), (256, 4096)])
 @pytest.mark.parametrize("mode", ["K", "MN"])
 def test_gemm_fp8_nt_groupwise(m, n, k, mode):

@@ -124,12 +124,13 @@ _WS_SIZE: dict = {}
 _WS: dict = {}
 
 
-def _workspace(mod, m: int, n: int, k: int, l: int, device: torch.device) -> tuple[int, int]:
-    key = (id(mod), m, n, k, l)
+def _workspace(mod, m: int, n: int, k: int, batch: int,
+               device: torch.device) -> tuple[int, int]:
+    key = (id(mod), m, n, k, batch)
     need = _WS_SIZE.get(key)
     if need is None:
         box = ctypes.c_int64(0)
-        mod.fi_gemm_sm90_workspace(ctypes.addressof(box), m, n, k, l)
+        mod.fi_gemm_sm90_workspace(ctypes.addressof(box), m, n, k, batch)
         need = _WS_SIZE[key] = int(box.value)
     if need == 0:
         return 0, 0
@@ -139,6 +140,19 @@ def _workspace(mod, m: int, n: int, k: int, l: int, device: torch.device) -> tup
     return buf.data_ptr(), buf.numel()
 
 
+def _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend):
+    """(backend name, module or None) for a call class; memoised by the caller so the hot path
+    is one dict lookup (no registry walk, no spec hashing)."""
+    name = _OPS[op_name].choose(dev, a.dtype, requested=backend, m=M, n=N, k=K, k_ok=k_ok,
+                                d_ok=d_ok, fp8=a.dtype in FP8).name
+    if name == "gemv":
+        return name, load(gemv_spec(a.dtype, w.dtype, out.dtype, arch_of(dev)))
+    if name == "cutlass_sm90":
+        return name, load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, shape_class(M, N, L),
+                                         arch_of(dev)))
+    return name, None
+
+
 def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
                    bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
                    scale_b: Optional[torch.Tensor], backend: str) -> None:
@@ -146,34 +160,31 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
     L, M, K = a.shape
     N = w.shape[1]
     dev = a.device
-    if dev.type != "cuda" or backend == "reference":
-        name = "reference"
-    else:
-        st = _strides(a, w, out)
-        k_ok, d_ok = _k_ok(a, w, st), _d_ok(out, bias, st)
-        key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, k_ok, d_ok, backend)
-        name = _CHOICE.get(key)
-        if name is None:
-            name = _CHOICE[key] = _OPS[op_name].choose(
-                dev, a.dtype, requested=backend, m=M, n=N, k=K, k_ok=k_ok, d_ok=d_ok,
-                fp8=a.dtype in FP8).name
     if M == 0 or N == 0 or L == 0:
         return
-    if name == "reference" or K == 0:
+    if dev.type != "cuda" or backend == "reference" or K == 0:
+        out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
+        return
+    st = _strides(a, w, out)
+    k_ok, d_ok = _k_ok(a, w, st), _d_ok(out, bias, st)
+    key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, shape_class(M, N, L),
+           k_ok, d_ok, backend)
+    plan = _CHOICE.get(key)
+    if plan is None:
+        plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend)
+    name, mod = plan
+    if mod is None:
         out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
         return
     lda, ldw, ldo, bsa, bsw, bso = st
-    arch = arch_of(dev)
     stream = current_stream(dev)
     sa = scale_a.data_ptr() if scale_a is not None else None
     sb = scale_b.data_ptr() if scale_b is not None else None
     bp = bias.data_ptr() if bias is not None else None
     if name == "gemv":
-        mod = load(gemv_spec(a.dtype, w.dtype, out.dtype, arch))
         mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                     lda, ldw, ldo, bsa, bsw, bso, stream)
     else:
-        mod = load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, shape_class(M, N, L), arch))
         ws, ws_bytes = _workspace(mod, M, N, K, L, dev)
         mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                          lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)

@@ -59,4 +59,4 @@ def groupwise_routine(args: RoutineArgs):
         yield BenchRow("gemm_fp8_nt_groupwise", f"M={m} N={n} K={k} e4m3 1x128/128x128", ours,
                        bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
                        baseline=(base_name, base), target_us=target,
-                       backend="gemv" if m <= 16 else "reference")
+                       backend="gemv" if m <= 16 else "cutlass_sm90")

@@ -6,13 +6,15 @@ Scales: activations 1 x 128 (per row and 128-wide K block), weights 128 x 128. I
 the same code: we pass the logical [rows, kb] view's strides.
 
 Backends: ``gemv`` (M <= 16 per call or per 16-row segment tile; the decode kernel scaling each
-128-wide K block's partial sums, sm_89+), else ``reference`` (fp32 dequantised torch math, correct
-at every M, including M = 1). A CUTLASS sm90 block-scaled kernel for large M is not written yet.
+128-wide K block's partial sums, sm_89+); ``cutlass_sm90`` (CUTLASS 3.x blockwise-scaled mainloop,
+M > 16 with M % 4 == 0, sm_90a); else ``reference`` (fp32 dequantised torch math, correct at every
+M, including M = 1). The grouped op has no CUTLASS path yet.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import ctypes
+from typing import Optional
 
 import torch
 
@@ -20,6 +22,7 @@ from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, regi
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
+from .spec import blockwise_sm90_spec
 from .reference import groupwise_reference
 
 _OUT = (torch.bfloat16, torch.float16)
@@ -36,16 +39,32 @@ def _gemv_check(f: dict) -> Optional[str]:
     return None
 
 
+def _sm90_check(f: dict) -> Optional[str]:
+    if f.get("segmented"):
+        return "grouped block-scaled CUTLASS kernel not available yet"
+    if not f.get("k_ok", True):
+        return "TMA needs K-contiguous operands with 16-byte aligned rows (K % 16 == 0)"
+    if not f.get("d_ok", True):
+        return "TMA needs a row-major output with 16-byte aligned rows (N % 8 == 0)"
+    if f.get("m", 0) % 4 != 0:
+        return f"the scale TMA needs M % 4 == 0, got M = {f.get('m')}"
+    return None
+
+
 def _backends():
     return (Backend("gemv", min_arch="8.9", dtypes=FP8, check=_gemv_check,
                     notes="block-scaled weight-streaming mma.sync, M <= 16 (per segment tile)"),
+            Backend("cutlass_sm90", archs=("9.0a",), dtypes=FP8, check=_sm90_check,
+                    notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),
             Backend("reference", devices=("cpu", "cuda"), notes="fp32 dequantised torch math"))
 
 
 GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="gemm_fp8_nt_groupwise", family="fi-gemm", api="flashinfer.gemm.gemm_fp8_nt_groupwise",
     backends=_backends(), stability="experimental",
-    specs=lambda arch: [gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else []))
+    specs=lambda arch: ([gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else [])
+    + ([blockwise_sm90_spec(FP8[0], FP8[0], torch.bfloat16, "default", arch)]
+       if arch.cc == 90 else [])))
 GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="group_gemm_fp8_nt_groupwise", family="fi-gemm",
     api="flashinfer.gemm.group_gemm_fp8_nt_groupwise", backends=_backends(),
@@ -53,16 +72,18 @@ GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
     specs=lambda arch: [gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else []))
 
 _CHOICE: dict = {}
+_WS_SIZE: dict = {}
+_WS: dict = {}
 
 
-def _choose(op: OpInfo, dev, dtype, m, k_ok, segmented, backend) -> str:
+def _choose(op: OpInfo, dev, dtype, m, k_ok, segmented, backend, d_ok=True) -> str:
     if dev.type != "cuda":
         return "reference"
-    key = (op.name, dev.index, dtype, m <= 16, k_ok, backend)
+    key = (op.name, dev.index, dtype, m <= 16, m % 4 == 0, k_ok, d_ok, backend)
     name = _CHOICE.get(key)
     if name is None:
         name = _CHOICE[key] = op.choose(dev, dtype, requested=backend, m=m, k_ok=k_ok,
-                                        segmented=segmented).name
+                                        d_ok=d_ok, segmented=segmented).name
     return name
 
 
@@ -103,11 +124,39 @@ def _gemm_dispatch(out, a, b, sa, sb, backend) -> None:
     """out [m, n] = blockscaled(a [m, k], b [n, k]); sa [m, kb], sb [nb, kb] (any strides)."""
     m, k = a.shape
     n = b.shape[0]
-    name = _choose(GEMM_FP8_GROUPWISE, a.device, a.dtype, m, _k_ok(a, b), False, backend)
+    d_ok = n % 8 == 0 and (out.stride(0) % 8 == 0 or m == 1) and out.data_ptr() % 16 == 0
+    name = _choose(GEMM_FP8_GROUPWISE, a.device, a.dtype, m, _k_ok(a, b), False, backend, d_ok)
     if m == 0 or n == 0:
         return
     if name == "reference":
         out.copy_(groupwise_reference(a, b, sa, sb, out.dtype))
+        return
+    if name == "cutlass_sm90":
+        # CUTLASS takes MN-major scales: sfa [kb, m], sfb [kb, nb], contiguous, 16-byte aligned
+        # (a view of the caller's tensor in "MN" mode; a small transposed copy in "K" mode).
+        sfa, sfb = sa.T, sb.T
+        if not sfa.is_contiguous() or sfa.data_ptr() % 16:
+            sfa = sfa.contiguous()
+        if not sfb.is_contiguous() or sfb.data_ptr() % 16:
+            sfb = sfb.contiguous()
+        mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, "default", arch_of(a.device)))
+        key = (id(mod), m, n, k)
+        need = _WS_SIZE.get(key)
+        if need is None:
+            box = ctypes.c_int64(0)
+            mod.fi_gemm_blockwise_sm90_workspace(ctypes.addressof(box), m, n, k)
+            need = _WS_SIZE[key] = int(box.value)
+        ws, ws_bytes = 0, 0
+        if need:
+            buf = _WS.get(a.device)
+            if buf is None or buf.numel() < need:
+                buf = _WS[a.device] = torch.empty(max(need, 1 << 20), dtype=torch.uint8,
+                                                  device=a.device)
+            ws, ws_bytes = buf.data_ptr(), buf.numel()
+        mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
+                                   sfb.data_ptr(), m, n, k, a.stride(0) if m > 1 else k,
+                                   b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
+                                   ws, ws_bytes, current_stream(a.device))
         return
     mod = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device)))
     mod.fi_gemv_blockscaled(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(),
@@ -131,7 +180,7 @@ def _(out, a, b, sa, sb, backend) -> None:
 def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                           b_scale: torch.Tensor, scale_major_mode: Optional[str] = None,
                           mma_sm: int = 1,
-                          scale_granularity_mnk: Tuple[int, int, int] = (1, 128, 128),
+                          scale_granularity_mnk: tuple[int, int, int] = (1, 128, 128),
                           out: Optional[torch.Tensor] = None,
                           out_dtype: Optional[torch.dtype] = None,
                           backend: str = "cutlass") -> torch.Tensor:
@@ -256,7 +305,7 @@ def _(out, a, b, sa, sb, m_indptr, backend) -> None:
 
 def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                                 b_scale: torch.Tensor, m_indptr: torch.Tensor,
-                                scale_granularity_mnk: Tuple[int, int, int] = (1, 128, 128),
+                                scale_granularity_mnk: tuple[int, int, int] = (1, 128, 128),
                                 scale_major_mode: str = "MN", mma_sm: int = 1,
                                 out: Optional[torch.Tensor] = None,
                                 out_dtype: Optional[torch.dtype] = None,

@@ -34,8 +34,13 @@ def segment_gemm_routine(args: RoutineArgs):
         ref = torch.empty_like(got)
         segment_gemm_reference(x, w, indptr, widx, ref)
         testing.assert_close(got, ref, dtype=torch.bfloat16, msg="segment_gemm: ")
-        ours = time_fn(lambda x, w: seg.run(x, w, s, True, seg_indptr=indptr, weight_indices=widx), sets)
-        base = time_fn(lambda x, w: torch.bmm(x.view(s, rows, d_in), w.transpose(1, 2)), sets)
+        def ours_fn(x, w, s=s, indptr=indptr, widx=widx):
+            return seg.run(x, w, s, True, seg_indptr=indptr, weight_indices=widx)
+
+        def bmm_fn(x, w, s=s, rows=rows, d_in=d_in):
+            return torch.bmm(x.view(s, rows, d_in), w.transpose(1, 2))
+        ours = time_fn(ours_fn, sets)
+        base = time_fn(bmm_fn, sets)
         yield BenchRow("segment_gemm", f"{s} segments x {rows} rows, {d_in} -> {d_out}", ours,
                        bytes=2.0 * (s * rows * d_in + s * d_out * d_in + s * rows * d_out),
                        flops=2.0 * s * rows * d_in * d_out, baseline=("torch.bmm", base),
