@@ -26,6 +26,28 @@ TOL = {torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3), torch.float16: (3e-3, 3e-3, 1.5e-
 LSE_TOL = dict(atol=2e-3, rtol=1e-3)
 
 
+def _test_specs(arch):
+    """Every fa2 variant these tests launch, so one parallel build (FI_MAX_JOBS) warms them all."""
+    from fi_attention.prefill.spec import fa2_spec  # noqa: PLC0415
+
+    bf, f16 = torch.bfloat16, torch.float16
+    specs = [fa2_spec(bf, 128, 128, paged, arch, **kw) for paged in (False, True)
+             for kw in ({}, {"kv_dtype": torch.float8_e4m3fn})]
+    specs += [fa2_spec(bf, 128, 128, False, arch, **{k: True}) for k in ("custom_mask", "softcap", "alibi", "rope")]
+    specs += [fa2_spec(dt, a, b, False, arch) for dt in (bf, f16) for a, b in ((64, 64), (256, 256), (192, 128))]
+    specs += [fa2_spec(f16, 128, 128, False, arch), fa2_spec(f16, 128, 128, False, arch, kv_dtype=torch.float8_e5m2)]
+    specs += [fa2_spec(bf, a, b, False, arch, rope=True) for a, b in ((64, 64), (192, 128))]
+    specs += [fa2_spec(bf, 64, 64, True, arch)]  # cascade test
+    return specs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_kernels():
+    from fi_core import arch_of, build_many  # noqa: PLC0415
+
+    build_many(_test_specs(arch_of(torch.device("cuda"))))
+
+
 def _close(out, ref, dtype, what=""):
     atol, rtol, rel = TOL[dtype]
     testing.assert_close(out, ref, atol=atol, rtol=rtol, msg=what)
