@@ -30,6 +30,7 @@ constexpr int kThreads = 256;
 // for 16-byte runs, and few enough registers for 3 resident blocks per SM.
 template <int VEC>
 constexpr int kBatch = VEC >= 8 ? 2 : 4;
+constexpr int kPrefetch = 2;  // batches of heads prefetched into L2 ahead of their loads
 
 struct RopeParams {
   const T* q;
@@ -122,6 +123,10 @@ FI_DEVICE void load_cos_sin(const RopeParams& p, int64_t pos, int f0, float (&c)
   }
 }
 
+FI_DEVICE void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
 FI_DEVICE const T* head_in(const RopeParams& p, int64_t t, int h) {
   return h < p.hq ? p.q + t * p.q_sn + h * p.q_sh : p.k + t * p.k_sn + (h - p.hq) * p.k_sh;
 }
@@ -129,6 +134,23 @@ FI_DEVICE const T* head_in(const RopeParams& p, int64_t t, int h) {
 FI_DEVICE T* head_out(const RopeParams& p, int64_t t, int h) {
   return h < p.hq ? p.q_out + t * p.qo_sn + h * p.qo_sh
                   : p.k_out + t * p.ko_sn + (h - p.hq) * p.ko_sh;
+}
+
+// Rotate the VEC pairs held in the runs a and b (NeoX: (a[i], b[i]); GPT-J: adjacent elements of
+// a ++ b), converting one pair at a time so no float copy of the runs stays live.
+template <bool INTERLEAVE, int VEC>
+FI_DEVICE void rotate_pairs(fi::vec_t<T, VEC>& a, fi::vec_t<T, VEC>& b, const float (&c)[VEC],
+                            const float (&s)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const int ix = INTERLEAVE ? 2 * i : i;
+    const int iy = INTERLEAVE ? 2 * i + 1 : VEC + i;
+    T& X = ix < VEC ? a[ix] : b[ix - VEC];
+    T& Y = iy < VEC ? a[iy] : b[iy - VEC];
+    const float x = fi::to_float(X), y = fi::to_float(Y);
+    X = fi::from_float<T>(x * c[i] - y * s[i]);
+    Y = fi::from_float<T>(y * c[i] + x * s[i]);
+  }
 }
 
 template <bool INTERLEAVE, int VEC>
@@ -178,7 +200,20 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   // the 2*VEC-long run a ++ b.
   const int off_a = INTERLEAVE ? 2 * f0 : f0;
   const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
+  // Loads cannot move above the previous heads' stores (in-place calls alias them), so only
+  // kBatch heads are in registers at a time; L2 prefetches kPrefetch batches ahead keep more
+  // bytes in flight per thread without costing registers.
+#pragma unroll 1
   for (int h = h_begin; h < h_end; h += kBatch<VEC>) {
+#pragma unroll
+    for (int j = 0; j < kBatch<VEC>; ++j) {
+      const int hp = h + kPrefetch * kBatch<VEC> + j;
+      if (hp < h_end) {
+        const T* src = head_in(p, t, hp);
+        prefetch_l2(src + off_a);
+        prefetch_l2(src + off_b);
+      }
+    }
     fi::vec_t<T, VEC> a[kBatch<VEC>], b[kBatch<VEC>];
 #pragma unroll
     for (int j = 0; j < kBatch<VEC>; ++j) {
@@ -191,25 +226,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
 #pragma unroll
     for (int j = 0; j < kBatch<VEC>; ++j) {
       if (h + j >= h_end) continue;
-      float e[2 * VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        e[i] = fi::to_float(a[j][i]);
-        e[VEC + i] = fi::to_float(b[j][i]);
-      }
-      float r[2 * VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const int ix = INTERLEAVE ? 2 * i : i;
-        const int iy = INTERLEAVE ? 2 * i + 1 : VEC + i;
-        r[ix] = e[ix] * c[i] - e[iy] * s[i];
-        r[iy] = e[iy] * c[i] + e[ix] * s[i];
-      }
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        a[j][i] = fi::from_float<T>(r[i]);
-        b[j][i] = fi::from_float<T>(r[VEC + i]);
-      }
+      rotate_pairs<INTERLEAVE, VEC>(a[j], b[j], c, s);
       T* dst = head_out(p, t, h + j);
       a[j].store(dst + off_a);
       b[j].store(dst + off_b);
