@@ -203,6 +203,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   // Loads cannot move above the previous heads' stores (in-place calls alias them), so only
   // kBatch heads are in registers at a time; L2 prefetches kPrefetch batches ahead keep more
   // bytes in flight per thread without costing registers.
+  for (int hp = h_begin + kBatch<VEC>; hp < min(h_begin + kPrefetch * kBatch<VEC>, h_end); ++hp) {
+    prefetch_l2(head_in(p, t, hp) + off_a);  // prologue: the batches before the first prefetch
+    prefetch_l2(head_in(p, t, hp) + off_b);
+  }
 #pragma unroll 1
   for (int h = h_begin; h < h_end; h += kBatch<VEC>) {
 #pragma unroll
