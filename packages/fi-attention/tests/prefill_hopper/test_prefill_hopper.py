@@ -43,7 +43,6 @@ def test_supports_main_case():
     (dict(dtype=torch.float32, kv_dtype=torch.float32), "dtype"),
     (dict(kv_dtype=torch.float8_e4m3fn), "k/v dtype"),
     (dict(custom_mask=True), "mask"),
-    (dict(logits_soft_cap=30.0), "soft_cap"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
     (dict(paged=True, page_size=4), "page_size"),
 ])
@@ -55,7 +54,9 @@ def test_supports_gives_reason(kw, word):
 def test_unsupported_reason_reads_facts_dict():
     assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16}) is None
     assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "window_left": 8}) is None
-    assert "soft_cap" in hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "logits_soft_cap": 5.0})
+    assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "logits_soft_cap": 5.0}) is None
+    assert "page_size" in hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "paged": True,
+                                                     "page_size": 1})
 
 
 # ---------------------------------------------------------------------------- CPU: validation
@@ -110,14 +111,18 @@ def test_rejects_one_indptr():
                    sm_scale=0.1, max_qo_len=8, batch_size=1)
 
 
-def test_rejects_softcap():
+def test_rejects_small_page_size():
     q, k, v, out = _cpu_inputs()
-    with pytest.raises(UnsupportedError):
-        _call(q, k, v, out, logits_soft_cap=30.0)
+    kc = torch.randn(4, 4, 2, 128).to(BF16)
+    i32 = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(UnsupportedError, match="page_size"):
+        hopper.run_paged(q, kc, kc, i32, i32, i32, i32, out, None, k_strides=(1024, 256, 128),
+                         v_strides=(1024, 256, 128), page_size=4, causal=True, sm_scale=0.1,
+                         max_qo_len=8, batch_size=1)
 
 
 # ---------------------------------------------------------------------------- GPU
-def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1):
+def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1, softcap=0.0):
     """Attention by torch at the inputs' precision (S and P rounded to q.dtype, as the kernel's
     P is), on the GPU: the yardstick of the FA3 tolerance."""
     lq, hq, _ = q.shape
@@ -125,6 +130,8 @@ def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1):
     g = hq // hkv
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk).float() * sm_scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     qpos = torch.arange(lq, device=q.device)[:, None] + (lkv - lq)
     kpos = torch.arange(lkv, device=q.device)[None, :]
     keep = torch.ones(lq, lkv, dtype=torch.bool, device=q.device)
@@ -138,7 +145,7 @@ def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1):
 
 
 def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse=True, seed=0,
-           strided=False, window_left=-1, page_size=0, layout="NHD"):
+           strided=False, window_left=-1, page_size=0, layout="NHD", softcap=0.0):
     dev = "cuda"
     nq, nkv = sum(qo_lens), sum(kv_lens)
     if strided == "hnd":  # head-major views ([H, L, D] storage seen as [L, H, D])
@@ -164,26 +171,27 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
     single = len(qo_lens) == 1 and not page_size
     if page_size:
         _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout, causal=causal,
-                               sm_scale=scale, window_left=window_left, seed=seed)
+                               sm_scale=scale, window_left=window_left, seed=seed, softcap=softcap)
     else:
         run_ragged(q, k, v,
                    None if single else torch.tensor(qo_ind, dtype=torch.int32, device=dev),
                    None if single else torch.tensor(kv_ind, dtype=torch.int32, device=dev),
                    out, lse, causal=causal, sm_scale=scale, window_left=window_left,
-                   max_qo_len=max(qo_lens), batch_size=len(qo_lens))
+                   logits_soft_cap=softcap or None, max_qo_len=max(qo_lens), batch_size=len(qo_lens))
     torch.cuda.synchronize()
     exact, lowp, ref_lse = [], [], []
     for i in range(len(qo_lens)):
         qs, ks = slice(qo_ind[i], qo_ind[i + 1]), slice(kv_ind[i], kv_ind[i + 1])
         o32, l32 = attention_reference(q[qs].float(), k[ks].float(), v[ks].float(), causal=causal,
-                                       sm_scale=scale, window_left=window_left, return_lse=True)
+                                       sm_scale=scale, window_left=window_left,
+                                       logits_soft_cap=softcap or None, return_lse=True)
         exact.append(o32.cpu())
         ref_lse.append(l32.cpu())
-        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale, window_left).cpu())
+        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale, window_left, softcap).cpu())
     exact, lowp, ref_lse = torch.cat(exact), torch.cat(lowp), torch.cat(ref_lse)
     rounded = exact.to(dtype)
     atol = 2 * (rounded + 0.3 - 0.3 - rounded).abs().max().item()  # dtype rounding near |out|
-    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} window={window_left} {dtype} d={d} hq/hkv={hq}/{hkv}: "
+    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} window={window_left} cap={softcap} {dtype} d={d} hq/hkv={hq}/{hkv}: "
     testing.assert_close_to_reference_run(out, lowp, exact, factor=2.0, atol=atol, msg=tag)
     if with_lse:
         testing.assert_close(lse, ref_lse, dtype=torch.float32, atol=2e-3, rtol=1e-3, msg=tag + "lse: ")
@@ -191,7 +199,7 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
 
 
 def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout, *, causal, sm_scale,
-                           window_left, seed):
+                           window_left, seed, softcap=0.0):
     """Scatters ragged k/v into a shuffled paged cache ([P, 2, page, H, D] NHD or [P, 2, H, page, D]
     HND, 3 spare pages) and runs run_paged on it."""
     dev = q.device
@@ -228,7 +236,8 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
     hopper.run_paged(q, kc, vc, torch.tensor(qo_ind, **i32), torch.tensor(kv_indptr, **i32),
                      torch.tensor(indices or [0], **i32), torch.tensor(last, **i32), out, lse,
                      k_strides=ks, v_strides=vs, page_size=page_size, causal=causal, sm_scale=sm_scale,
-                     window_left=window_left, max_qo_len=max(qo_lens), batch_size=batch,
+                     window_left=window_left, logits_soft_cap=softcap or None,
+                     max_qo_len=max(qo_lens), batch_size=batch,
                      num_kv_heads=hkv)
 
 
@@ -328,3 +337,12 @@ def test_paged_page_size_rule():
     assert supports(**_facts(paged=True, page_size=256)) is None
     assert "page_size" in supports(**_facts(paged=True, page_size=1))
     assert "page_size" in supports(**_facts(paged=True, page_size=24))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+def test_logits_soft_cap(causal):
+    # logits are ~N(0, 1) here, so cap 2 bends them well into tanh's curved range
+    _needs_sm90()
+    _check([1000, 77], [1000, 300], causal=causal, softcap=2.0, seed=31)

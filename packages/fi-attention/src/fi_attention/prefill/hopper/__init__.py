@@ -44,8 +44,6 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
         return f"fa3 needs k/v dtype == q dtype ({dtype}), got {kv_dtype}"
     if custom_mask:
         return "fa3 does not support custom masks yet"
-    if logits_soft_cap is not None and logits_soft_cap > 0:
-        return "fa3 does not support logits_soft_cap yet"
     if pos_encoding_mode not in (None, "NONE"):
         return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
     if paged and _page_size_reason(head_dim_qk, page_size):
@@ -118,7 +116,7 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sm_scale : float
         Logit scale (FlashInfer default ``1/sqrt(D)``, applied by the caller).
     logits_soft_cap : float or None
-        Must be off (None or 0) in this version; see :func:`supports`.
+        > 0: logits ``cap * tanh(sm_scale * q.k / cap)`` (tanh.approx, ~2^-11 relative).
     window_left : int
         Sliding window: query ``i`` also needs ``j >= i + kv_len - qo_len - window_left``; -1 = off.
     max_qo_len, batch_size : int
@@ -132,8 +130,6 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     >>> run_ragged(q, k, v, None, None, out, None, causal=True, sm_scale=128 ** -0.5,
     ...            max_qo_len=4096, batch_size=1)                                # doctest: +SKIP
     """
-    if logits_soft_cap is not None and logits_soft_cap > 0:
-        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap yet")
     dtype = q.dtype
     if dtype not in DTYPES:
         raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
@@ -171,7 +167,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return
     if nnz_kv == 0:
         raise InputError("k/v must hold at least one token")
-    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device)))
+    cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0))
     mod.fi_prefill_sm90_ragged(
         q.data_ptr(), k.data_ptr(), v.data_ptr(),
         0 if qo_indptr is None else qo_indptr.data_ptr(),
@@ -180,7 +177,7 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         nnz_q, nnz_kv, hq, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        batch_size, int(max_qo_len), float(sm_scale),
+        batch_size, int(max_qo_len), float(sm_scale), cap,
         -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
 
 
@@ -217,8 +214,6 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     ...           v_strides=(v.stride(0), v.stride(1), v.stride(2)), page_size=16, causal=True,
     ...           sm_scale=128 ** -0.5, max_qo_len=2048, batch_size=16)  # doctest: +SKIP
     """
-    if logits_soft_cap is not None and logits_soft_cap > 0:
-        raise UnsupportedError("the fa3 kernel does not support logits_soft_cap yet")
     dtype = q.dtype
     if dtype not in DTYPES:
         raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
@@ -253,13 +248,14 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
                              f"{None if t is None else (t.dtype, str(t.device), t.numel())}")
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
-    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True))
+    cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0))
     mod.fi_prefill_sm90_paged(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
         kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
         0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
         q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
-        batch_size, int(max_qo_len), float(sm_scale),
+        batch_size, int(max_qo_len), float(sm_scale), cap,
         -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
 
 

@@ -12,7 +12,8 @@
 // 64x128 fp32 O tile, a 64x128 fp32 S tile and a 16-bit P tile per warpgroup).
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
-// (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
+// (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:
+// logits = cap * tanh(sm_scale * q.k / cap)). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
 #include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -38,6 +39,9 @@
 #ifndef FI_PAGED
 #define FI_PAGED 0
 #endif
+#ifndef FI_SOFTCAP
+#define FI_SOFTCAP 0
+#endif
 
 namespace fi_hopper {
 using namespace cute;
@@ -51,6 +55,7 @@ using Element = cutlass::half_t;
 constexpr int kHeadDim = FI_HEAD_DIM;
 constexpr bool kCausal = FI_CAUSAL != 0;
 constexpr bool kPaged = FI_PAGED != 0;
+constexpr bool kSoftcap = FI_SOFTCAP != 0;
 constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
 constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
 constexpr int kStages = 2;
@@ -120,7 +125,8 @@ struct Params {
   int page_size;
   int q_heads_outer, kv_heads_outer;  // ragged/Q maps: 1 = dims (d, token, head) (head stride > token)
   int heads_outer;  // 1: map dims (d, token, head, page) (HND caches); 0: (d, head, token, page)
-  float scale_log2;  // sm_scale * log2(e): softmax in base 2
+  float scale_log2;  // sm_scale * log2(e): softmax in base 2 (soft cap: cap * log2(e))
+  float softcap_pre; // soft cap: sm_scale / cap, applied before tanh
 };
 
 // ---- PTX helpers: mbarrier, TMA, register reconfiguration --------------------------------------
@@ -376,6 +382,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   row_in_tile[1] = get<0>(tScS(2));
 
   const float sl2 = p.scale_log2;
+  // Soft cap: S <- tanh(S * sm_scale / cap); the cap itself is folded into sl2.
+  auto apply_softcap = [&]() {
+    const float pre = p.softcap_pre;
+    CUTE_UNROLL
+    for (int v = 0; v < size(tSrS); ++v) tSrS(v) = fi::tanh_approx(tSrS(v) * pre);
+  };
   float row_max[2] = {fi::kNegInf, fi::kNegInf};
   float row_sum[2] = {0.f, 0.f};
 
@@ -446,6 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     sched_arrive();
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
+    if (kSoftcap) apply_softcap();
     mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
     float rescale[2];
     softmax(rescale);
@@ -464,6 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     sched_arrive();
     warpgroup_wait<1>();  // S(n-1) ready; P V still running
     warpgroup_fence_operand(tSrS);
+    if (kSoftcap) apply_softcap();
     if (needs_mask(n - 1)) mask_tile(n - 1);
     float rescale[2];
     softmax(rescale);
@@ -578,7 +592,8 @@ inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64
 // Fills the fields shared by both entries and launches: grid (head, request, m-block).
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
-                  int64_t max_qo_len, float sm_scale, int64_t window_left, cudaStream_t stream) {
+                  int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
+                  cudaStream_t stream) {
   p.o = static_cast<Element*>(o);
   p.lse = static_cast<float*>(lse);
   p.qo_indptr = static_cast<const int*>(qo_indptr);
@@ -588,7 +603,9 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   p.num_qo_heads = int(num_qo_heads);
   p.group_size = int(num_qo_heads / num_kv_heads);
   p.num_m_blocks = int(fi::ceil_div<int64_t>(max_qo_len, kBlockM));
-  p.scale_log2 = sm_scale * fi::kLog2e;
+  if (kSoftcap != (softcap > 0.f)) return cudaErrorInvalidValue;  // wrong module for the call
+  p.scale_log2 = kSoftcap ? softcap * fi::kLog2e : sm_scale * fi::kLog2e;
+  p.softcap_pre = kSoftcap ? sm_scale / softcap : 0.f;
   p.window_left = window_left < 0 ? -1 : int(window_left);
   if (num_qo_heads > 65535 || batch > 65535 || p.num_m_blocks > 65535) return cudaErrorInvalidValue;
   // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
@@ -616,7 +633,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     int64_t window_left, cudaStream_t stream) {
+                                     float softcap, int64_t window_left, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
@@ -633,7 +650,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, window_left, stream);
+                sm_scale, softcap, window_left, stream);
 }
 #else
 // Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
@@ -646,7 +663,8 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
                                     int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                     int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
                                     int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
-                                    int64_t max_qo_len, float sm_scale, int64_t window_left, cudaStream_t stream) {
+                                    int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
+                                    cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   const bool tile_in_page = page_size % kBlockN == 0;
@@ -669,6 +687,6 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   p.last_page_len = static_cast<const int*>(last_page_len);
   p.page_size = int(page_size);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, window_left, stream);
+                sm_scale, softcap, window_left, stream);
 }
 #endif

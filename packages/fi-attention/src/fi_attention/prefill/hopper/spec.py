@@ -20,7 +20,7 @@ RAGGED_ENTRY = Entry(
     ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr o lse
      "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
      "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
-     "i64", "i64", "f32", "i64", "stream"),             # batch max_qo_len sm_scale window_left stream
+     "i64", "i64", "f32", "f32", "i64", "stream"),      # batch max_qo_len sm_scale softcap window_left stream
 )
 
 PAGED_ENTRY = Entry(
@@ -30,7 +30,7 @@ PAGED_ENTRY = Entry(
      "i64", "i64", "i64", "i64",                        # num_qo_heads num_kv_heads q strides (token, head)
      "i64", "i64", "i64", "i64", "i64", "i64",          # k/v strides (page, token, head)
      "i64", "i64",                                      # o strides
-     "i64", "i64", "f32", "i64", "stream"),             # batch max_qo_len sm_scale window_left stream
+     "i64", "i64", "f32", "f32", "i64", "stream"),      # batch max_qo_len sm_scale softcap window_left stream
 )
 
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
@@ -39,15 +39,16 @@ def kv_tile(head_dim: int) -> int:
 
 
 @functools.cache
-def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False) -> KernelSpec:
-    """The module for one (dtype, head_dim, causal, paged); ``arch`` must be 9.0a."""
+def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False,
+                      softcap: bool = False) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal, paged, softcap); ``arch`` must be 9.0a."""
     if dtype not in DTYPES:
         raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
     arch = Arch.parse(arch)
     return KernelSpec(
-        name=f"prefill_sm90_{'paged' if paged else 'ragged'}_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}",
+        name=f"prefill_sm90_{'paged' if paged else 'ragged'}_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}{'_softcap' if softcap else ''}",
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
@@ -55,6 +56,7 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_HEAD_DIM": str(head_dim),
             "FI_CAUSAL": "1" if causal else "0",
             "FI_PAGED": "1" if paged else "0",
+            "FI_SOFTCAP": "1" if softcap else "0",
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
