@@ -2,7 +2,8 @@
 to torch SDPA (cuDNN / flash backends) in the same run, reported as TFLOP/s.
 
 Options (``--option key=value``): ``backend`` = auto | fa2 | fa3 (default auto); ``L`` (single
-prefill lengths, comma separated); ``causal`` = 0 | 1.
+prefill lengths, comma separated); ``causal`` = 0 | 1; ``tile`` = ``WARPS,MTILES,KVTILE`` overrides
+the fa2 tile config for head_dim 128 (e.g. ``tile=8,1,64``) to compare configurations in one run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def _check(ours, base, what):
         raise AssertionError(f"{what}: max |ours - SDPA| = {err:.3e} (expected < 3e-2); not timing a wrong kernel")
 
 
+def _apply_tile_option(args: RoutineArgs) -> str:
+    """Apply ``tile=W,M,N`` to the fa2 tile table (d = 128); returns a label for the config."""
+    from fi_attention.prefill import api, launch, spec  # noqa: PLC0415
+
+    tile = args.options.get("tile")
+    if tile:
+        spec.TILE_CONFIG[128] = tuple(int(x) for x in tile.split(","))
+        spec.fa2_spec.cache_clear()
+        launch._occupancy.cache_clear()
+        api._single_schedule.cache_clear()
+    w, m, n = spec.tile_config(128, 128)
+    return f"w{w}m{m}n{n}"
+
+
 def _target_us(kind, length, flops, backend):
     t = (FA2_TARGET_TFLOPS if backend == "fa2" else TARGET_TFLOPS).get((kind, length))
     return None if t is None else round(flops / (t * 1e12) * 1e6, 1)
@@ -51,6 +66,7 @@ def single_prefill_routine(args: RoutineArgs):
     backend = args.options.get("backend", "auto")
     causal = args.options.get("causal", "1") == "1"
     lengths = [int(x) for x in args.options.get("L", "4096" if args.quick else "4096,16384").split(",")]
+    tile = _apply_tile_option(args)
     for L in lengths:
         def make(i, L=L):
             return (testing.randn((L, HQ, D), torch.bfloat16, "cuda", seed=3 * i),
@@ -65,7 +81,7 @@ def single_prefill_routine(args: RoutineArgs):
         ours = time_fn(ours_fn, sets, reps=10, min_calls_per_replay=4)
         base = time_fn(base_fn, sets, reps=10, min_calls_per_replay=4)
         flops = _flops(L, L, causal)
-        yield BenchRow("single_prefill", f"L={L} {'causal' if causal else 'full'} 32/8 d128 bf16 [{backend}]",
+        yield BenchRow("single_prefill", f"L={L} {'causal' if causal else 'full'} 32/8 d128 bf16 [{backend} {tile}]",
                        ours, flops=flops, baseline=("torch SDPA", base), backend=backend,
                        target_us=_target_us("single", L, flops, backend))
 
@@ -92,6 +108,7 @@ def ragged_routine(args: RoutineArgs):
     backend = args.options.get("backend", "auto")
     causal = args.options.get("causal", "1") == "1"
     batch, L = (4, 2048) if args.quick else (16, 2048)
+    tile = _apply_tile_option(args)
     indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
                                              backend=backend)
@@ -103,7 +120,7 @@ def ragged_routine(args: RoutineArgs):
     ours = time_fn(lambda q, k, v: w.run(q, k, v), sets, reps=10, min_calls_per_replay=4)
     base = time_fn(lambda q, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
-    yield BenchRow("BatchPrefillWithRaggedKVCacheWrapper", f"{batch}x{L} {'causal' if causal else 'full'} 32/8 d128 [{backend}]",
+    yield BenchRow("BatchPrefillWithRaggedKVCacheWrapper", f"{batch}x{L} {'causal' if causal else 'full'} 32/8 d128 [{backend} {tile}]",
                    ours, flops=flops, baseline=("torch SDPA (dense)", base), backend=backend)
 
 
@@ -115,6 +132,7 @@ def paged_routine(args: RoutineArgs):
     backend = args.options.get("backend", "auto")
     causal = args.options.get("causal", "1") == "1"
     batch, L, ps = (4, 2048, 16) if args.quick else (16, 2048, 16)
+    tile = _apply_tile_option(args)
     pages_per = L // ps
     qo_indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
     kv_indptr = torch.arange(0, (batch + 1) * pages_per, pages_per, dtype=torch.int32)
@@ -139,6 +157,6 @@ def paged_routine(args: RoutineArgs):
     ours = time_fn(lambda q, c, k, v: w.run(q, c), sets, reps=10, min_calls_per_replay=4)
     base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
-    yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", f"{batch}x{L} page {ps} {'causal' if causal else 'full'} 32/8 d128 [{backend}]",
+    yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", f"{batch}x{L} page {ps} {'causal' if causal else 'full'} 32/8 d128 [{backend} {tile}]",
                    ours, flops=flops, baseline=("torch SDPA (contiguous KV)", base), backend=backend,
                    target_us=_target_us("paged", L, flops, backend))
