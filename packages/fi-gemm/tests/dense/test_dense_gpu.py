@@ -13,7 +13,7 @@ from fi_core import arch_of, load_many, testing
 from fi_gemm import bmm_bf16, bmm_fp8, mm_bf16
 from fi_gemm.dense import api
 from fi_gemm.dense.reference import gemm_reference
-from fi_gemm.dense.spec import gemm_sm90_spec, gemv_spec
+from fi_gemm.warm import gpu_test_specs
 
 pytestmark = testing.gpu_only()
 
@@ -23,19 +23,7 @@ DEV = "cuda"
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm():
-    arch = arch_of(torch.device(DEV))
-    specs = [gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, f16, arch),
-             gemv_spec(f16, f16, f16, arch)]
-    if arch.cc >= 89:
-        specs += [gemv_spec(e4m3, e4m3, bf16, arch), gemv_spec(e4m3, e5m2, f16, arch)]
-    if arch.cc == 90:
-        for cfg in ("mid", "large"):
-            specs += [gemm_sm90_spec(bf16, bf16, bf16, cfg, arch),
-                      gemm_sm90_spec(e4m3, e4m3, bf16, cfg, arch)]
-        specs += [gemm_sm90_spec(bf16, bf16, f16, "large", arch),
-                  gemm_sm90_spec(f16, f16, f16, "mid", arch),
-                  gemm_sm90_spec(e4m3, e5m2, f16, "large", arch)]
-    load_many(specs)
+    load_many(gpu_test_specs(arch_of(torch.device(DEV))))
 
 
 def _operands(m, n, k, dtype, seed):

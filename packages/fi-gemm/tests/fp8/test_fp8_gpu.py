@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from fi_core import arch_of, load_many, testing
-from fi_gemm.dense.spec import gemv_spec
-from fi_gemm.fp8.spec import blockwise_sm90_spec
+from fi_gemm.warm import gpu_test_specs
 from fi_gemm import (gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise, quantize_fp8_block,
                      quantize_fp8_per_token_group)
 from fi_gemm.fp8.reference import groupwise_reference
@@ -28,12 +27,7 @@ def _needs_sm89():
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm():
-    arch = arch_of(torch.device(DEV))
-    e4m3 = torch.float8_e4m3fn
-    specs = [gemv_spec(e4m3, e4m3, bf16, arch)] if arch.cc >= 89 else []
-    if arch.cc == 90:
-        specs.append(blockwise_sm90_spec(e4m3, e4m3, bf16, "default", arch))
-    load_many(specs)
+    load_many(gpu_test_specs(arch_of(torch.device(DEV))))
 
 
 @pytest.mark.parametrize("m", [1, 3, 16, 127, 128, 1024])

@@ -9,11 +9,17 @@ import itertools
 import pytest
 import torch
 
-from fi_core import testing
+from fi_core import arch_of, load_many, testing
 from fi_gemm import SegmentGEMMWrapper, grouped_mm_bf16
 from fi_gemm.segment.reference import segment_gemm_reference
+from fi_gemm.warm import gpu_test_specs
 
 pytestmark = testing.gpu_only()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm():
+    load_many(gpu_test_specs(arch_of(torch.device(DEV))))
 bf16, f16 = torch.bfloat16, torch.float16
 DEV = "cuda"
 
