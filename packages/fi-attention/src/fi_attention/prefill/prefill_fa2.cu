@@ -261,6 +261,9 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     l[mt][0] = l[mt][1] = 0.f;
   }
 
+  // Without soft cap / ALiBi the logits stay raw (x = q.k) and the base-2 scale is folded into the
+  // exponent's FFMA: exp2(x * scale - m * scale). Otherwise x is already in base-2 units.
+  const float kXScale = (FI_SOFTCAP || FI_ALIBI) ? 1.f : p.scale_log2;
   for (int it = 0; it < n_tiles; ++it) {
     const int t0 = kv_lo + it * KN;
     const uint32_t stage = sKV + (it & 1) * kStageBytes;
@@ -347,7 +350,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
             const int kv = t0 + nb * 8 + 2 * t + e;
 #if FI_SOFTCAP
             x = fi::tanh_approx(x * p.softcap_pre) * p.softcap_post;
-#else
+#elif FI_ALIBI
             x *= p.scale_log2;
 #endif
 #if FI_ALIBI
@@ -373,14 +376,15 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // A row with no visible key yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
         const float m_use = mx == fi::kNegInf ? 0.f : mx;
-        const float corr = fi::exp2_approx(m[mt][h] - m_use);
+        const float corr = fi::exp2_approx((m[mt][h] - m_use) * kXScale);
+        const float m_sub = m_use * kXScale;
         m[mt][h] = mx;
         float rs = 0.f;
 #pragma unroll
         for (int nb = 0; nb < KN / 8; ++nb) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = fi::exp2_approx(s[mt][nb][2 * h + e] - m_use);
+            const float pv = fi::exp2_approx(fmaf(s[mt][nb][2 * h + e], kXScale, -m_sub));
             s[mt][nb][2 * h + e] = pv;
             rs += pv;
           }
@@ -429,7 +433,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       lt += __shfl_xor_sync(0xffffffffu, lt, 1);
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      const float lse = lt > 0.f ? m[mt][h] + fi::log2_approx(lt) : fi::kNegInf;
+      const float lse = lt > 0.f ? m[mt][h] * kXScale + fi::log2_approx(lt) : fi::kNegInf;
       const int local = warp * WARP_M + mt * 16 + g + 8 * h;
       const int pr = row_start + local;
       const int qi = pr / G;
