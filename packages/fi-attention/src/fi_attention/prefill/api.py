@@ -160,6 +160,8 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     v_mul = to_float_scale("scale_v", scale_v)
     if custom_mask is not None and packed_custom_mask is None:
         packed_custom_mask = packbits(custom_mask.flatten(), bitorder="little")
+    if packed_custom_mask is not None and packed_custom_mask.device != q.device:
+        packed_custom_mask = packed_custom_mask.to(q.device)  # the kernel reads it on q's device
     if packed_custom_mask is not None:
         causal = False  # FlashInfer: a custom mask replaces the causal mask
     out = torch.empty((lq, hq, dvo), dtype=q.dtype, device=q.device)
