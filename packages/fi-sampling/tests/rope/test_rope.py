@@ -260,3 +260,13 @@ def test_cos_sin_cache_accepts_3d_heads():
     assert qo.shape == q.shape and torch.equal(qo, ref[0]) and torch.equal(ko, ref[1])
     with pytest.raises(InputError, match="or \\[nnz, num_heads, head_size\\]"):
         rope.apply_rope_with_cos_sin_cache(pos, q, k, 32, cache[:, :32])
+
+
+def test_cache_position_out_of_range_gives_nan_rows():
+    q, k = _qk(nnz=3, hq=2, hk=1, d=64)
+    cache = testing.randn((10, 32), torch.float32, seed=8)
+    qo, _ = rope.apply_rope_with_cos_sin_cache(torch.tensor([10, 2, -1]), q.reshape(3, -1),
+                                               k.reshape(3, -1), 64, cache)
+    qo = qo.view(3, 2, 64)
+    assert qo[:, :, :32].isnan().all(dim=(1, 2)).tolist() == [True, False, True]
+    assert torch.equal(qo[:, :, 32:], q[:, :, 32:])  # the tail is copied regardless

@@ -56,9 +56,13 @@ def cos_sin_from_positions(pos: torch.Tensor, freqs: torch.Tensor) -> tuple[torc
 
 
 def cos_sin_from_cache(pos: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin float32 ``[nnz, half]`` from a ``[max_pos, rotary_dim]`` cache (cos | sin)."""
+    """cos, sin float32 ``[nnz, half]`` from a ``[max_pos, rotary_dim]`` cache (cos | sin).
+    Positions outside ``[0, max_pos)`` give NaN rows, as in the kernel."""
     half = cos_sin_cache.shape[1] // 2
-    rows = cos_sin_cache.float()[pos.long()]
+    pos = pos.long()
+    valid = (pos >= 0) & (pos < cos_sin_cache.shape[0])
+    rows = cos_sin_cache.float()[pos.clamp(0, max(cos_sin_cache.shape[0] - 1, 0))]
+    rows = torch.where(valid[:, None], rows, torch.full_like(rows, float("nan")))
     return rows[:, :half], rows[:, half:]
 
 
