@@ -155,6 +155,8 @@ def test_backend_reasons_per_arch(arch):
     assert by_name["gemv"].reason("cuda", a, bf16, big) is not None
     sm90 = by_name["cutlass_sm90"].reason("cuda", a, bf16, big)
     assert (sm90 is None) == (arch == "9.0a")
+    assert by_name["torch"].reason("cuda", a, bf16, big) is None
+    assert by_name["torch"].reason("cuda", a, e4m3, big) is not None  # fp8 never goes to torch
     fp8 = {b.name: b for b in api.BMM_FP8.backends}["gemv"]
     ok = fp8.reason("cuda", a, e4m3, dict(facts, fp8=True)) is None
     assert ok == (arch != "8.0")

@@ -81,7 +81,9 @@ def test_mm_bf16_backend_choice():
     facts = dict(k_ok=True, d_ok=True, fp8=False)
     assert api.MM_BF16.choose(DEV, bf16, m=16, **facts).name == "gemv"
     big = api.MM_BF16.choose(DEV, bf16, m=17, **facts).name
-    assert big == ("cutlass_sm90" if arch.cc == 90 else "reference")
+    assert big == ("cutlass_sm90" if arch.cc == 90 else "torch")
+    unaligned = dict(facts, k_ok=False)
+    assert api.MM_BF16.choose(DEV, bf16, m=4, **unaligned).name == "torch"
 
 
 @pytest.mark.parametrize("m", [1, 130])

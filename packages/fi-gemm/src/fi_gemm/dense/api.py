@@ -10,8 +10,9 @@ row-major [n, k] weight viewed transposed). Backends, in preference order:
 - ``gemv``: weight-streaming tensor-core kernel for M <= 16 (decode), sm_80+ (fp8: sm_89+);
 - ``cutlass_sm90``: CUTLASS 3.x TMA warp-specialised persistent GEMM, one tile config per shape
   class (``spec.shape_class``), sm_90a;
-- ``reference``: fp32 torch math (CPU always; on CUDA when no kernel fits, e.g. rows not
-  16-byte aligned, or an Ampere GPU at M > 16 until the sm_80 tile kernel lands).
+- ``torch``: cuBLAS through torch.matmul for 16-bit inputs no kernel of ours takes (M > 16 off
+  Hopper until the sm_80 tile kernel lands; rows TMA cannot load);
+- ``reference``: fp32 torch math (CPU always; fp8 on CUDA when no kernel fits).
 """
 
 from __future__ import annotations
@@ -57,8 +58,19 @@ def _backends(dtypes) -> tuple[Backend, ...]:
                 notes="M <= 16 weight-streaming mma.sync kernel"),
         Backend("cutlass_sm90", archs=("9.0a",), dtypes=dtypes, check=_sm90_check,
                 notes="CUTLASS 3.x TMA warp-specialised persistent GEMM"),
+        Backend("torch", dtypes=_16BIT,
+                notes="cuBLAS via torch.matmul: M > 16 off Hopper, or rows TMA cannot load"),
         Backend("reference", devices=("cpu", "cuda"), notes="pure torch, fp32 math"),
     )
+
+
+def _torch_gemm(out, a, w, bias) -> None:
+    """cuBLAS through torch (bf16/fp16 in, fp32 accumulate); bias added after the first rounding,
+    and a second rounding when out_dtype differs from the inputs."""
+    res = torch.matmul(a, w.transpose(-1, -2))
+    if bias is not None:
+        res += bias
+    out.copy_(res)
 
 
 def _rep_specs(a_dtype, out_dtype):
@@ -174,7 +186,10 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
         plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend)
     name, mod = plan
     if mod is None:
-        out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
+        if name == "torch":
+            _torch_gemm(out, a, w, bias)
+        else:
+            out.copy_(gemm_reference(a, w, out.dtype, bias, scale_a, scale_b))
         return
     lda, ldw, ldo, bsa, bsw, bso = st
     stream = current_stream(dev)
