@@ -15,7 +15,7 @@ import torch
 from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, register_op
 from fi_core.errors import InputError, InputTypeError
 
-from .reference import llama31_smoothing, positions_from_indptr, rope_reference
+from .reference import llama31_smoothing, rope_reference
 from .spec import SUPPORTED_DTYPES, rope_spec
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
