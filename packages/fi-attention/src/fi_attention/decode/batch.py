@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from typing import Optional
 
 import numpy as np
@@ -11,6 +12,11 @@ from fi_core import arch_of, device_info, knobs, load
 from fi_core.dtypes import parse as parse_dtype
 from fi_core.errors import InputError, InputTypeError
 from fi_core.launch import current_stream, is_capturing
+
+try:  # the raw cudaStream_t of torch's current stream, without building a Stream object
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    _raw_stream = current_stream
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
@@ -112,6 +118,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._int_ws: Optional[torch.Tensor] = None
         self._capacity: Optional[int] = None
         self._planned = False
+        self._kv_seen: dict = {}
+        self._dev_index = self._device.index if self._device.index is not None else (
+            torch.cuda.current_device() if self._device.type == "cuda" else -1)
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -265,6 +274,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         a.sm_scale, a.logits_soft_cap = self._sm_scale, self._cap
         a.rope_scale, a.rope_theta = self._rope_scale, self._rope_theta
         self._args = a
+        self._args_addr = ctypes.addressof(a)
 
     begin_forward = plan
 
@@ -288,13 +298,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.dim() != 3 or q.shape[0] != self._batch or q.shape[1] != self._hq or q.shape[2] != self._d:
             raise InputError(f"q must have shape [{self._batch}, {self._hq}, {self._d}] (batch, "
                              f"num_qo_heads, head_dim as planned), got {tuple(q.shape)}")
-        kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        if kv.num_kv_heads != self._hkv or kv.head_dim != self._d or kv.page_size != self._ps:
-            raise InputError(f"paged_kv_cache has (page_size, num_kv_heads, head_dim) = "
-                             f"({kv.page_size}, {kv.num_kv_heads}, {kv.head_dim}), planned "
-                             f"({self._ps}, {self._hkv}, {self._d})")
-        if kv.dtype != self._kv_dtype:
-            raise InputTypeError(f"paged_kv_cache must be {self._kv_dtype} (the planned kv_data_type), got {kv.dtype}")
+        kv = self._kv_view(paged_kv_cache)
         sm_mul = common.scale_value("q_scale", q_scale)
         ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
         wl = self._window_left if window_left is None else int(window_left)
@@ -310,26 +314,61 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor, "
                              f"got {lse.dtype} {tuple(lse.shape)}")
         if knobs.check_inputs():
-            self._check_pages(kv.num_pages)
+            self._check_pages(kv[4])
         if self._impl != "cuda" or q.device.type != "cuda":
             self._run_reference(q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse)
         else:
             self._launch(q, kv, sm_mul, ks, vs, wl, out, lse)
         return (out, lse) if return_lse else out
 
+    def _kv_view(self, paged_kv_cache):
+        """(k_ptr, k_strides, v_ptr, v_strides, num_pages) of a validated cache. Validation and
+        view creation cost several microseconds, so the result is remembered per cache
+        signature (addresses, shapes, strides, dtype): a serving loop passes the same per-layer
+        caches every step. Only numbers are kept, never the tensors."""
+        if type(paged_kv_cache) is torch.Tensor:
+            c = paged_kv_cache
+            key = (c.data_ptr(), c.shape, c.stride(), c.dtype)
+        elif isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2 and \
+                all(type(t) is torch.Tensor for t in paged_kv_cache):
+            k, v = paged_kv_cache
+            key = (k.data_ptr(), v.data_ptr(), k.shape, k.stride(), v.shape, v.stride(), k.dtype, v.dtype)
+        else:
+            key = None
+        hit = self._kv_seen.get(key) if key is not None else None
+        if hit is not None:
+            return hit
+        kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        if kv.num_kv_heads != self._hkv or kv.head_dim != self._d or kv.page_size != self._ps:
+            raise InputError(f"paged_kv_cache has (page_size, num_kv_heads, head_dim) = "
+                             f"({kv.page_size}, {kv.num_kv_heads}, {kv.head_dim}), planned "
+                             f"({self._ps}, {self._hkv}, {self._d})")
+        if kv.dtype != self._kv_dtype:
+            raise InputTypeError(f"paged_kv_cache must be {self._kv_dtype} (the planned kv_data_type), got {kv.dtype}")
+        hit = (kv.k_ptr(), kv.k_strides, kv.v_ptr(), kv.v_strides, kv.num_pages)
+        if key is not None:
+            if len(self._kv_seen) >= 256:
+                self._kv_seen.clear()
+            self._kv_seen[key] = hit
+        return hit
+
     def _launch(self, q, kv, sm_mul, ks, vs, wl, out, lse):
-        if q.stride(-1) != 1 or q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
-            raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {q.stride()}")
+        qs = q.stride()
+        if qs[2] != 1 or q.data_ptr() % 16 or qs[0] % 8 or qs[1] % 8:
+            raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {qs}")
+        if q.get_device() != self._dev_index:
+            raise InputError(f"q is on cuda:{q.get_device()} but the workspace on cuda:{self._dev_index}")
         a = self._args
-        a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), q.stride(0), q.stride(1)
-        a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head) = kv.k_ptr(), kv.k_strides
-        a.v, (a.v_stride_page, a.v_stride_tok, a.v_stride_head) = kv.v_ptr(), kv.v_strides
-        a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), out.stride(0), out.stride(1)
+        a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), qs[0], qs[1]
+        a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head), a.v, \
+            (a.v_stride_page, a.v_stride_tok, a.v_stride_head) = kv[0], kv[1], kv[2], kv[3]
+        os_ = out.stride()
+        a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), os_[0], os_[1]
         a.lse = 0 if lse is None else lse.data_ptr()
         a.window_left = wl
         a.sm_scale = self._sm_scale * sm_mul
         a.k_scale, a.v_scale = ks, vs
-        rc = self._mod_launch(_addr(a), current_stream(q.device))
+        rc = self._mod_launch(self._args_addr, _raw_stream(self._dev_index))
         if rc:
             raise self._mod.error(rc, "fi_batch_decode")
 
@@ -363,12 +402,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """Legacy no-op."""
-
-
-def _addr(struct) -> int:
-    import ctypes  # noqa: PLC0415
-
-    return ctypes.addressof(struct)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
