@@ -38,6 +38,7 @@ def _test_specs(arch):
     specs += [fa2_spec(f16, 128, 128, False, arch), fa2_spec(f16, 128, 128, False, arch, kv_dtype=torch.float8_e5m2)]
     specs += [fa2_spec(bf, a, b, False, arch, rope=True) for a, b in ((64, 64), (192, 128))]
     specs += [fa2_spec(bf, 64, 64, True, arch)]  # cascade test
+    specs += [fa2_spec(bf, 128, 128, paged, arch, short=True) for paged in (False, True)]  # short batches
     return specs
 
 

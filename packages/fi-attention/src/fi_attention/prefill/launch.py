@@ -22,7 +22,7 @@ from fi_core import arch_of, current_stream, device_info, load
 
 from ..reference import alibi_slopes
 from .plan import Plan, plan_fa2
-from .spec import cta_rows, fa2_spec
+from .spec import SHORT_PACKED_ROWS, cta_rows, fa2_spec
 
 INT_PARAMS = (
     "Q", "K", "V", "O", "LSE", "TMP_O", "TMP_LSE", "WORK",
@@ -97,9 +97,10 @@ class Fa2Schedule:
 
 def fa2_variant(call_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool,
                 device: torch.device, custom_mask: bool, softcap: bool, alibi: bool, rope: bool,
-                kv_dtype: torch.dtype):
+                kv_dtype: torch.dtype, short: bool = False):
     return fa2_spec(call_dtype, head_dim_qk, head_dim_vo, paged, arch_of(device),
-                    custom_mask=custom_mask, softcap=softcap, alibi=alibi, rope=rope, kv_dtype=kv_dtype)
+                    custom_mask=custom_mask, softcap=softcap, alibi=alibi, rope=rope, kv_dtype=kv_dtype,
+                    short=short)
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,16 +111,18 @@ def _occupancy(spec) -> int:
 
 
 def grid_size(device: torch.device, dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int,
-              paged: bool, custom_mask: bool = False, kv_dtype: Optional[torch.dtype] = None) -> int:
+              paged: bool, custom_mask: bool = False, kv_dtype: Optional[torch.dtype] = None,
+              short: bool = False) -> int:
     """Persistent CTAs: SM count (read from the device) x resident CTAs per SM."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     spec = fa2_spec(dtype, head_dim_qk, head_dim_vo, paged, arch_of(device), custom_mask=custom_mask,
-                    kv_dtype=kv_dtype)
+                    kv_dtype=kv_dtype, short=short)
     return device_info(idx).sm_count * _occupancy(spec)
 
 
-def max_slots_for(workspace_bytes: int, head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
-    return workspace_bytes // (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * (head_dim_vo + 1) * 4)
+def max_slots_for(workspace_bytes: int, head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False,
+                  short: bool = False) -> int:
+    return workspace_bytes // (cta_rows(head_dim_qk, head_dim_vo, custom_mask, short) * (head_dim_vo + 1) * 4)
 
 
 def make_schedule(plan: Plan, device: torch.device, float_workspace: Optional[torch.Tensor],
@@ -178,12 +181,13 @@ def _ptr(t: Optional[torch.Tensor]) -> int:
 def run_fa2(c: PrefillCall) -> None:
     """Launch the fa2 kernel (+ merge) for a validated call with a schedule."""
     s = c.schedule
+    short = bool(s.plan is not None and s.plan.short)
     alibi = c.pos_encoding_mode == "ALIBI"
     softcap = c.logits_soft_cap is not None and c.logits_soft_cap > 0
     spec = fa2_variant(c.q.dtype, c.head_dim_qk, c.head_dim_vo, c.paged, c.q.device,
                        c.packed_mask is not None, softcap, alibi, c.pos_encoding_mode == "ROPE_LLAMA",
-                       c.k.dtype)
-    rows = cta_rows(c.head_dim_qk, c.head_dim_vo, c.packed_mask is not None)
+                       c.k.dtype, short)
+    rows = cta_rows(c.head_dim_qk, c.head_dim_vo, c.packed_mask is not None, short)
     if s.plan is not None and s.plan.cta_rows != rows:
         raise RuntimeError(f"fa2 schedule was planned for {s.plan.cta_rows}-row tiles, the kernel uses {rows}")
     mod = load(spec)
@@ -222,13 +226,21 @@ def run_fa2(c: PrefillCall) -> None:
 def plan_for_call(qo_lens, kv_lens, *, device, dtype, num_kv_heads, group, head_dim_qk,
                   head_dim_vo, paged, causal, window_left, workspace_bytes, custom_mask=False,
                   allow_split=True, num_ctas=None, kv_dtype=None) -> Plan:
-    rows = cta_rows(head_dim_qk, head_dim_vo, custom_mask)
+    short = is_short(qo_lens, group)
+    rows = cta_rows(head_dim_qk, head_dim_vo, custom_mask, short)
     if num_ctas is None:
-        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged, custom_mask, kv_dtype)
-    return plan_fa2(qo_lens, kv_lens, num_kv_heads=num_kv_heads, group=group, cta_rows=rows,
+        num_ctas = grid_size(device, dtype, head_dim_qk, head_dim_vo, paged, custom_mask, kv_dtype, short)
+    plan = plan_fa2(qo_lens, kv_lens, num_kv_heads=num_kv_heads, group=group, cta_rows=rows,
                     causal=causal, window_left=window_left, num_ctas=num_ctas,
-                    max_slots=max_slots_for(workspace_bytes, head_dim_qk, head_dim_vo, custom_mask),
+                    max_slots=max_slots_for(workspace_bytes, head_dim_qk, head_dim_vo, custom_mask, short),
                     allow_split=allow_split)
+    plan.short = short
+    return plan
+
+
+def is_short(qo_lens, group: int) -> bool:
+    """Whether every request packs into one narrow tile (the planner then uses that kernel)."""
+    return len(qo_lens) > 0 and int(max(qo_lens)) * group <= SHORT_PACKED_ROWS
 
 
 def default_sm_scale(head_dim: int, sm_scale: Optional[float]) -> float:

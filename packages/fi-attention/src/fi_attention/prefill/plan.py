@@ -34,6 +34,7 @@ class Plan:
     num_slots: int            # partial (o, lse) slots of cta_rows rows each
     cta_loads: np.ndarray     # int64 [num_ctas] modelled cost per CTA (kv tiles + 1 per item)
     cta_rows: int = 0         # packed rows per work item
+    short: bool = False       # planned for the narrow "short batch" kernel tile (spec.tile_config)
 
     @property
     def num_ctas(self) -> int:

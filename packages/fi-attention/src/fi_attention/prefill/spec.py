@@ -24,20 +24,24 @@ _HERE = Path(__file__).resolve().parent
 TILE_CONFIG = {64: (4, 2, 64), 128: (4, 2, 32), 192: (4, 1, 32), 256: (4, 1, 32)}
 
 
-# Custom-mask variants read mask bits per element; with 32 rows per warp they spill, so they
-# take 16 rows per warp (masked batches are small: tree attention, speculative decoding).
-MASK_TILE_CONFIG = {64: (4, 1, 64), 128: (4, 1, 64)}
+# Narrow tiles (16 rows per warp, 64 per CTA) for d <= 128: custom-mask variants (reading mask
+# bits per element spills at 32 rows per warp; masked batches are small: tree attention,
+# speculative decoding) and "short" batches whose longest request packs into <= 64 rows
+# (max_qo_len * group), where a 128-row tile would be mostly padding.
+NARROW_TILE_CONFIG = {64: (4, 1, 64), 128: (4, 1, 64)}
+SHORT_PACKED_ROWS = 64
 
 
-def tile_config(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> tuple[int, int, int]:
+def tile_config(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False,
+                short: bool = False) -> tuple[int, int, int]:
     d = max(head_dim_qk, head_dim_vo)
-    if custom_mask and d in MASK_TILE_CONFIG:
-        return MASK_TILE_CONFIG[d]
+    if (custom_mask or short) and d in NARROW_TILE_CONFIG:
+        return NARROW_TILE_CONFIG[d]
     return TILE_CONFIG[d]
 
 
-def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
-    warps, m_tiles, _ = tile_config(head_dim_qk, head_dim_vo, custom_mask)
+def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, short: bool = False) -> int:
+    warps, m_tiles, _ = tile_config(head_dim_qk, head_dim_vo, custom_mask, short)
     return 16 * warps * m_tiles
 
 
@@ -52,12 +56,12 @@ ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_
 @functools.cache
 def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool, arch: Arch,
              custom_mask: bool = False, softcap: bool = False, alibi: bool = False,
-             rope: bool = False, kv_dtype: torch.dtype = None) -> KernelSpec:
+             rope: bool = False, kv_dtype: torch.dtype = None, short: bool = False) -> KernelSpec:
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     fp8 = kv_dtype != dtype
     flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi),
                                     ("r", rope)) if on)
-    warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)
+    warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask, short)
     return KernelSpec(
         name=(f"prefill_fa2_{tag(dtype)}{'_kv' + tag(kv_dtype) if fp8 else ''}_d{head_dim_qk}x{head_dim_vo}"
               f"_w{warps}m{m_tiles}n{kv_tile}"

@@ -21,7 +21,8 @@ from ..reference import attention_reference, gather_paged_kv
 from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
 from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
                      dtype_name, host_lengths, to_float_scale, unpack_mask)
-from .launch import PrefillCall, default_sm_scale, grid_size, make_schedule, plan_fa2, max_slots_for
+from .launch import (PrefillCall, default_sm_scale, grid_size, is_short, make_schedule, max_slots_for,
+                     plan_fa2)
 from .packbits import segment_packbits
 from .spec import cta_rows
 
@@ -134,13 +135,17 @@ class _BatchPrefillBase:
 
     def _plan_fa2(self, group, non_blocking):
         masked = self._mask is not None
+        # CUDA-graph mode freezes the kernel variant (the grid and the module are captured), so it
+        # always takes the general tile; otherwise batches of short requests take the narrow one.
+        short = not self._use_cuda_graph and is_short(self._qo_lens.tolist(), group)
         num_ctas = grid_size(self.device, self._q_dtype, self._dqk, self._dvo, self._paged, masked,
-                             self._kv_dtype)
+                             self._kv_dtype, short)
         ws_bytes = self._ws.numel() * self._ws.element_size()
         plan = plan_fa2(self._qo_lens.numpy(), self._kv_lens.numpy(), num_kv_heads=self._num_kv_heads,
-                        group=group, cta_rows=cta_rows(self._dqk, self._dvo, masked), causal=self._causal,
+                        group=group, cta_rows=cta_rows(self._dqk, self._dvo, masked, short), causal=self._causal,
                         window_left=self._window_left, num_ctas=num_ctas,
-                        max_slots=max_slots_for(ws_bytes, self._dqk, self._dvo, masked))
+                        max_slots=max_slots_for(ws_bytes, self._dqk, self._dvo, masked, short))
+        plan.short = short
         bufs = None
         if self._use_cuda_graph:
             if self._graph_bufs is None:
