@@ -74,61 +74,65 @@ def batch_decode_routine(args: RoutineArgs):
     for label, batch, kv_len, hq, hkv, kv_dtype, target in BATCH_CONFIGS:
         if args.quick and label not in QUICK:
             continue
-        indptr, indices, last, n_pages = _tables(batch, kv_len, dev)
-        d_indptr, d_indices, d_last = indptr.to(dev), indices.to(dev), last.to(dev)
-        fp8 = kv_dtype != torch.bfloat16
-        scales = dict(k_scale=0.8, v_scale=1.25) if fp8 else {}
-
-        def make(i):
-            g = torch.Generator(device=dev).manual_seed(100 + i)
-            cache = torch.randn(n_pages, 2, PAGE, hkv, D, device=dev, generator=g).to(kv_dtype)
-            return torch.randn(batch, hq, D, device=dev, generator=g).to(torch.bfloat16), cache
-
-        sets = rotating_inputs(make, dev)
-        w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-            torch.empty(128 << 20, dtype=torch.uint8, device=dev), d_indptr.clone(), d_indices.clone(),
-            d_last.clone())
-        w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
-        out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
-        q0, c0 = sets[0]
-        w.run(q0, c0, out=out, **scales)
-        _check(out, q0, c0, indptr, indices, last, sorted({0, batch // 2, batch - 1}), **scales)
-        ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets)
-        # the other kernel, for the record (the default picks one; see decode/spec.py)
-        other_kernel = "cuda-core" if "mma" in w._kernel_name else "tensor-core"
-        w2 = BatchDecodeWithPagedKVCacheWrapper(
-            torch.empty(128 << 20, dtype=torch.uint8, device=dev), use_cuda_graph=True,
-            paged_kv_indptr_buffer=d_indptr.clone(), paged_kv_indices_buffer=d_indices.clone(),
-            paged_kv_last_page_len_buffer=d_last.clone(), backend=other_kernel)
-        w2.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
-        out2 = torch.empty_like(out)
-        w2.run(q0, c0, out=out2, **scales)
-        _check(out2, q0, c0, indptr, indices, last, [0, batch - 1], **scales)
-        other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets)
-        del sets
-        plan_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
-            torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, indices, last), hq, hkv, kv_dtype)
-
-        baseline = None
-        if not fp8:  # SDPA has no fp8 KV path; the fp8 row is judged against its target
-            def make_dense(i):
-                g = torch.Generator(device=dev).manual_seed(200 + i)
-                k = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
-                v = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
-                return torch.randn(batch, hq, 1, D, device=dev, generator=g).to(torch.bfloat16), k, v
-
-            dense = rotating_inputs(make_dense, dev)
-            sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), dense)
-            baseline = ("torch SDPA (contiguous KV)", sdpa)
-            del dense
-        kv_bytes = batch * kv_len * hkv * D * 2 * torch.empty(0, dtype=kv_dtype).element_size()
-        qo_bytes = 2 * batch * hq * D * 2
-        yield BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
-                       baseline=baseline, target_us=target, backend="cuda",
-                       extra={**host, "plan_host_us": round(plan_us, 2), "split_kv": w._plan.split,
-                              "work_items": w._plan.num_items, "kernel": w._kernel_name,
-                              "other_kernel": w2._kernel_name, "other_kernel_us": round(other.median_us, 2)})
+        yield _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target)
         torch.cuda.empty_cache()
+
+
+def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> BenchRow:
+    indptr, indices, last, n_pages = _tables(batch, kv_len, dev)
+    d_indptr, d_indices, d_last = indptr.to(dev), indices.to(dev), last.to(dev)
+    fp8 = kv_dtype != torch.bfloat16
+    scales = dict(k_scale=0.8, v_scale=1.25) if fp8 else {}
+
+    def make(i):
+        g = torch.Generator(device=dev).manual_seed(100 + i)
+        cache = torch.randn(n_pages, 2, PAGE, hkv, D, device=dev, generator=g).to(kv_dtype)
+        return torch.randn(batch, hq, D, device=dev, generator=g).to(torch.bfloat16), cache
+
+    sets = rotating_inputs(make, dev)
+    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=dev), d_indptr.clone(), d_indices.clone(),
+        d_last.clone())
+    w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
+    q0, c0 = sets[0]
+    w.run(q0, c0, out=out, **scales)
+    _check(out, q0, c0, indptr, indices, last, sorted({0, batch // 2, batch - 1}), **scales)
+    ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets)
+    # the other kernel, for the record (the default picks one; see decode/spec.py)
+    other_kernel = "cuda-core" if "mma" in w._kernel_name else "tensor-core"
+    w2 = BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=dev), use_cuda_graph=True,
+        paged_kv_indptr_buffer=d_indptr.clone(), paged_kv_indices_buffer=d_indices.clone(),
+        paged_kv_last_page_len_buffer=d_last.clone(), backend=other_kernel)
+    w2.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    out2 = torch.empty_like(out)
+    w2.run(q0, c0, out=out2, **scales)
+    _check(out2, q0, c0, indptr, indices, last, [0, batch - 1], **scales)
+    other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets)
+    del sets
+    plan_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, indices, last), hq, hkv, kv_dtype)
+
+    baseline = None
+    if not fp8:  # SDPA has no fp8 KV path; the fp8 row is judged against its target
+        def make_dense(i):
+            g = torch.Generator(device=dev).manual_seed(200 + i)
+            k = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
+            v = torch.randn(batch, hkv, kv_len, D, device=dev, generator=g).to(torch.bfloat16)
+            return torch.randn(batch, hq, 1, D, device=dev, generator=g).to(torch.bfloat16), k, v
+
+        dense = rotating_inputs(make_dense, dev)
+        sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), dense)
+        baseline = ("torch SDPA (contiguous KV)", sdpa)
+        del dense
+    kv_bytes = batch * kv_len * hkv * D * 2 * torch.empty(0, dtype=kv_dtype).element_size()
+    qo_bytes = 2 * batch * hq * D * 2
+    return BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
+                   baseline=baseline, target_us=target, backend="cuda",
+                   extra={**host, "plan_host_us": round(plan_us, 2), "split_kv": w._plan.split,
+                          "work_items": w._plan.num_items, "kernel": w._kernel_name,
+                          "other_kernel": w2._kernel_name, "other_kernel_us": round(other.median_us, 2)})
 
 
 @routine("single_decode_with_kv_cache", family="fi-attention",

@@ -92,7 +92,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     else:
         hkv, kv_len, d = k.shape
     hq = q.shape[0]
-    group = common.heads(hq, hkv)
+    common.heads(hq, hkv)
     if q.shape[1] != d:
         raise InputError(f"q head_dim ({q.shape[1]}) must equal k's head_dim ({d})")
     if kv_len < 1:
@@ -103,15 +103,37 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rs = 1.0 if rope_scale is None else float(rope_scale)
     rt = 1e4 if rope_theta is None else float(rope_theta)
     wl = -1 if window_left is None else int(window_left)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(hq, dtype=torch.float32, device=q.device) if return_lse else None
+    args = (out, lse, q, k, v, kv_layout, pos_encoding_mode, bool(use_tensor_cores), scale, ks, vs, wl,
+            cap, rs, rt)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.single_decode(*args)
+    else:
+        _single_decode_core(*args)
+    return (out, lse) if return_lse else out
+
+
+def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, scale, ks, vs,
+                        wl, cap, rs, rt) -> None:
+    """Destination-passing core: writes o into out (and the base-2 LSE into lse if given)."""
+    if kv_layout == "NHD":
+        kv_len, hkv, d = k.shape
+    else:
+        hkv, kv_len, d = k.shape
+    hq = q.shape[0]
+    group = hq // hkv
     backend = common.SINGLE_DECODE.choose(q.device, q.dtype, head_dim=d, kv_dtype=k.dtype).name
     if backend != "cuda":
         kn, vn = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
-        o, lse = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
-                                     window_left=wl, pos_encoding_mode=pos_encoding_mode,
-                                     rope_scale=rs, rope_theta=rt, k_scale=ks, v_scale=vs,
-                                     return_lse=True)
-        return (o[0], lse[0]) if return_lse else o[0]
-
+        o, s = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
+                                   window_left=wl, pos_encoding_mode=pos_encoding_mode,
+                                   rope_scale=rs, rope_theta=rt, k_scale=ks, v_scale=vs,
+                                   return_lse=True)
+        out.copy_(o[0])
+        if lse is not None:
+            lse.copy_(s[0])
+        return
     for name, t in (("k", k), ("v", v)):
         es = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * es) % 16 or (t.stride(1) * es) % 16:
@@ -123,8 +145,6 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                            "tensor-core" if use_tensor_cores else "auto"))
     sm = device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).sm_count
     meta, plan, off_merge, off_tab = _single_meta(q.device, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(hq, dtype=torch.float32, device=q.device) if return_lse else None
     part = torch.empty(max(plan.num_slots, 1) * hq * (d + 1), dtype=torch.float32, device=q.device)
     tok_dim, head_dim_ = (0, 1) if kv_layout == "NHD" else (1, 0)
     a = DecodeArgs()
@@ -133,7 +153,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     a.v, a.v_stride_page, a.v_stride_tok, a.v_stride_head = v.data_ptr(), 0, v.stride(tok_dim), v.stride(head_dim_)
     base = meta.data_ptr()
     a.work, a.num_work, a.merge_indptr = base, base + plan.num_items * 16, base + off_merge * 4
-    a.kv_indptr, a.kv_indices, a.kv_last_page_len = base + off_tab * 4, base + (off_tab + 2) * 4, base + (off_tab + 3) * 4
+    a.kv_indptr, a.kv_indices = base + off_tab * 4, base + (off_tab + 2) * 4
+    a.kv_last_page_len = base + (off_tab + 3) * 4
     a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), 0, out.stride(0)
     a.lse = 0 if lse is None else lse.data_ptr()
     a.part_o = part.data_ptr()
@@ -146,4 +167,18 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
     a.rope_scale, a.rope_theta = rs, rt
     mod.fi_batch_decode(ctypes.addressof(a), current_stream(q.device))
-    return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("fi_attention::single_decode", mutates_args=("out", "lse"))
+def _single_decode_op(out: torch.Tensor, lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, kv_layout: str, pos_encoding_mode: str, use_tensor_cores: bool,
+                      scale: float, k_scale: float, v_scale: float, window_left: int, soft_cap: float,
+                      rope_scale: float, rope_theta: float) -> None:
+    _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, scale,
+                        k_scale, v_scale, window_left, soft_cap, rope_scale, rope_theta)
+
+
+@_single_decode_op.register_fake
+def _(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, scale, k_scale, v_scale,
+      window_left, soft_cap, rope_scale, rope_theta) -> None:
+    return None
