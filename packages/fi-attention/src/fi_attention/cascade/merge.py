@@ -90,7 +90,10 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
         return merge_state_reference(v_a, s_a, v_b, s_b)
     v = torch.empty_like(v_a, memory_format=torch.contiguous_format)
     s = torch.empty(s_a.shape, dtype=torch.float32, device=v_a.device)
-    _merge_two(v_a, s_a, v_b, s_b, v, s, None)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.merge_state(v_a, s_a, v_b, s_b, v, s)
+    else:
+        _merge_two(v_a, s_a, v_b, s_b, v, s, None)
     return v, s
 
 
@@ -114,7 +117,10 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
             v[mask] = mv[mask]
             s[mask] = ms[mask]
         return
-    _merge_two(v, s, v_other, s_other, v, s, mask)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.merge_state_in_place(v, s, v_other, s_other, mask)
+    else:
+        _merge_two(v, s, v_other, s_other, v, s, mask)
 
 
 def _merge_two(va, sa, vb, sb, vo, so, mask):
@@ -148,8 +154,50 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     L, N, H, D = v.shape
     vo = torch.empty((L, H, D), dtype=v.dtype, device=v.device)
     so = torch.empty((L, H), dtype=torch.float32, device=v.device)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.merge_states(v, s, vo, so)
+    else:
+        _merge_n(v, s, vo, so)
+    return vo, so
+
+
+def _merge_n(v, s, vo, so):
+    L, N, H, D = v.shape
     mod = load(merge_spec(v.dtype, arch_of(v.device)))
     mod.fi_merge_n(v.data_ptr(), v.stride(0), v.stride(1), v.stride(2), s.data_ptr(), s.stride(0),
                    s.stride(1), s.stride(2), vo.data_ptr(), so.data_ptr(), L, N, H, D,
                    current_stream(v.device))
-    return vo, so
+
+
+# ---- torch custom ops (torch.compile traces through these; eager calls skip the dispatcher) ----
+
+@torch.library.custom_op("fi_attention::merge_state", mutates_args=("v_out", "s_out"))
+def _merge_state_op(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor,
+                    v_out: torch.Tensor, s_out: torch.Tensor) -> None:
+    _merge_two(v_a, s_a, v_b, s_b, v_out, s_out, None)
+
+
+@_merge_state_op.register_fake
+def _(v_a, s_a, v_b, s_b, v_out, s_out) -> None:
+    return None
+
+
+@torch.library.custom_op("fi_attention::merge_state_in_place", mutates_args=("v", "s"))
+def _merge_state_in_place_op(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor,
+                             s_other: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
+    _merge_two(v, s, v_other, s_other, v, s, mask)
+
+
+@_merge_state_in_place_op.register_fake
+def _(v, s, v_other, s_other, mask) -> None:
+    return None
+
+
+@torch.library.custom_op("fi_attention::merge_states", mutates_args=("v_out", "s_out"))
+def _merge_states_op(v: torch.Tensor, s: torch.Tensor, v_out: torch.Tensor, s_out: torch.Tensor) -> None:
+    _merge_n(v, s, v_out, s_out)
+
+
+@_merge_states_op.register_fake
+def _(v, s, v_out, s_out) -> None:
+    return None

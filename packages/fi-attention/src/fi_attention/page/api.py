@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -160,6 +161,23 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
         if int(pages.min()) < 0 or int(pages.max()) >= kv.num_pages:
             raise InputError(f"page indices of appended tokens must be in [0, {kv.num_pages}), got "
                              f"[{int(pages.min())}, {int(pages.max())}]")
+    if isinstance(paged_kv_cache, torch.Tensor):
+        cache_a, cache_b = paged_kv_cache, None
+    else:
+        cache_a, cache_b = paged_kv_cache
+    args = (append_key, append_value, batch_indices, positions, cache_a, cache_b, kv_indices, kv_indptr,
+            kv_last_page_len, kv_layout)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_attention.append_paged_kv_cache(*args)
+    else:
+        _append_core(*args)
+
+
+def _append_core(append_key, append_value, batch_indices, positions, cache_a, cache_b, kv_indices,
+                 kv_indptr, kv_last_page_len, kv_layout) -> None:
+    paged_kv_cache = cache_a if cache_b is None else (cache_a, cache_b)
+    kv = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
+    nnz = append_key.shape[0]
     if kv.device.type != "cuda" or APPEND.choose(kv.device, kv.dtype).name != "cuda":
         _append_reference(append_key, append_value, batch_indices, positions, paged_kv_cache,
                           kv_indices, kv_indptr, kv_layout)
@@ -176,6 +194,21 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
         kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides,
         kv_indices.data_ptr(), kv_indptr.data_ptr(), nnz, kv.page_size, kv.num_kv_heads,
         kv.head_dim, current_stream(kv.device))
+
+
+@torch.library.custom_op("fi_attention::append_paged_kv_cache", mutates_args=("cache_a", "cache_b"))
+def _append_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
+               positions: torch.Tensor, cache_a: torch.Tensor, cache_b: Optional[torch.Tensor],
+               kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
+               kv_layout: str) -> None:
+    _append_core(append_key, append_value, batch_indices, positions, cache_a, cache_b, kv_indices,
+                 kv_indptr, kv_last_page_len, kv_layout)
+
+
+@_append_op.register_fake
+def _(append_key, append_value, batch_indices, positions, cache_a, cache_b, kv_indices, kv_indptr,
+      kv_last_page_len, kv_layout) -> None:
+    return None
 
 
 def _append_reference(key, value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
