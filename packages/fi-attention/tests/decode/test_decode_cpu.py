@@ -224,3 +224,15 @@ def test_run_before_plan_and_bad_layout():
         _wrapper().run(torch.zeros(1, 4, 16), torch.zeros(1, 2, 4, 2, 16))
     with pytest.raises(InputError, match="kv_layout"):
         BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8), "NDH")
+
+
+def test_torch_compile_fullgraph_traces_through_run_and_single_decode():
+    cache, indptr, indices, last = make_batch([13, 3], 8, 2, 16)
+    q = testing.randn((2, 4, 16), torch.float16, seed=2)
+    w = _wrapper()
+    w.plan(indptr, indices, last, 4, 2, 16, 8, q_data_type=torch.float16)
+    f = torch.compile(lambda q, c: w.run(q, c), fullgraph=True, backend="eager")
+    assert torch.equal(f(q, cache), w.run(q, cache))
+    k, v = gather_paged_kv(cache, indptr, indices, last, 0)
+    g = torch.compile(lambda q, k, v: single_decode_with_kv_cache(q, k, v), fullgraph=True, backend="eager")
+    assert torch.equal(g(q[0], k, v), single_decode_with_kv_cache(q[0], k, v))

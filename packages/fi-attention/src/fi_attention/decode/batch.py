@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -119,6 +120,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._capacity: Optional[int] = None
         self._planned = False
         self._kv_seen: dict = {}
+        _WRAPPERS[id(self)] = self
         self._dev_index = self._device.index if self._device.index is not None else (
             torch.cuda.current_device() if self._device.type == "cuda" else -1)
 
@@ -315,11 +317,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"got {lse.dtype} {tuple(lse.shape)}")
         if knobs.check_inputs():
             self._check_pages(kv[4])
+        if torch.compiler.is_compiling():
+            cache_a, cache_b = (paged_kv_cache, None) if isinstance(paged_kv_cache, torch.Tensor) \
+                else tuple(paged_kv_cache)
+            torch.ops.fi_attention.batch_decode_run(out, lse, q, cache_a, cache_b, id(self), sm_mul, ks, vs, wl)
+        else:
+            self._run_core(q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse)
+        return (out, lse) if return_lse else out
+
+    def _run_core(self, q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse):
         if self._impl != "cuda" or q.device.type != "cuda":
             self._run_reference(q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse)
         else:
             self._launch(q, kv, sm_mul, ks, vs, wl, out, lse)
-        return (out, lse) if return_lse else out
 
     def _kv_view(self, paged_kv_cache):
         """(k_ptr, k_strides, v_ptr, v_strides, num_pages) of a validated cache. Validation and
@@ -402,6 +412,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """Legacy no-op."""
+
+
+# Live wrappers by id: the traced custom op receives its wrapper as an int handle.
+_WRAPPERS: "weakref.WeakValueDictionary[int, BatchDecodeWithPagedKVCacheWrapper]" = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("fi_attention::batch_decode_run", mutates_args=("out", "lse"))
+def _batch_decode_run_op(out: torch.Tensor, lse: Optional[torch.Tensor], q: torch.Tensor,
+                         cache_a: torch.Tensor, cache_b: Optional[torch.Tensor], handle: int,
+                         q_scale: float, k_scale: float, v_scale: float, window_left: int) -> None:
+    w = _WRAPPERS[handle]
+    cache = cache_a if cache_b is None else (cache_a, cache_b)
+    w._run_core(q, cache, w._kv_view(cache), q_scale, k_scale, v_scale, window_left, out, lse)
+
+
+@_batch_decode_run_op.register_fake
+def _(out, lse, q, cache_a, cache_b, handle, q_scale, k_scale, v_scale, window_left) -> None:
+    return None
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
