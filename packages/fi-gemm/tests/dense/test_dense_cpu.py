@@ -102,9 +102,9 @@ def test_validation_messages(call, exc, text):
 
 def test_alignment_facts():
     def facts(a, w, out):
-        a3, w3, o3 = a.unsqueeze(0), w.unsqueeze(0), out.unsqueeze(0)
-        st = api._strides(a3, w3, o3)
-        return api._k_ok(a3, w3, st), api._d_ok(o3, None, st)
+        st = api._strides(a, w, out)
+        assert st == api._strides(a.unsqueeze(0), w.unsqueeze(0), out.unsqueeze(0))
+        return api._k_ok(a, w, st), api._d_ok(out, None, st)
 
     assert facts(torch.empty(4, 64, dtype=bf16), torch.empty(32, 64, dtype=bf16),
                  torch.empty(4, 32, dtype=bf16)) == (True, True)

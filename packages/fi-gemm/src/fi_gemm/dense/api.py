@@ -98,14 +98,15 @@ _OPS = {"mm_bf16": MM_BF16, "bmm_bf16": BMM_BF16, "bmm_fp8": BMM_FP8}
 # Destination-passing core
 # ---------------------------------------------------------------------------------------------
 def _strides(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> tuple[int, ...]:
-    """(lda, ldw, ldo, bsa, bsw, bso) in elements. A size-1 dimension's stride is never used to
-    address memory, so it is replaced by the packed value (torch reports arbitrary strides there,
-    which would otherwise fail the alignment checks for no reason)."""
-    L, M, K = a.shape
-    N = w.shape[1]
-    lda = a.stride(1) if M > 1 else K
-    ldw = w.stride(1) if N > 1 else K
-    ldo = out.stride(1) if M > 1 else N
+    """(lda, ldw, ldo, bsa, bsw, bso) in elements for 2-D ([M, K]) or 3-D ([L, M, K]) operands.
+    A size-1 dimension's stride is never used to address memory, so it is replaced by the packed
+    value (torch reports arbitrary strides there, which would fail the alignment checks)."""
+    M, K = a.shape[-2], a.shape[-1]
+    N = w.shape[-2]
+    L = a.shape[0] if a.dim() == 3 else 1
+    lda = a.stride(-2) if M > 1 else K
+    ldw = w.stride(-2) if N > 1 else K
+    ldo = out.stride(-2) if M > 1 else N
     bsa = a.stride(0) if L > 1 else M * lda
     bsw = w.stride(0) if L > 1 else N * ldw
     bso = out.stride(0) if L > 1 else M * ldo
@@ -168,9 +169,10 @@ def _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend):
 def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
                    bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
                    scale_b: Optional[torch.Tensor], backend: str) -> None:
-    """out [L, M, N] = a [L, M, K] @ w [L, N, K]^T (* scales + bias), into `out`."""
-    L, M, K = a.shape
-    N = w.shape[1]
+    """out [(L,) M, N] = a [(L,) M, K] @ w [(L,) N, K]^T (* scales + bias), into `out`."""
+    M, K = a.shape[-2], a.shape[-1]
+    N = w.shape[-2]
+    L = a.shape[0] if a.dim() == 3 else 1
     dev = a.device
     if M == 0 or N == 0 or L == 0:
         return
@@ -344,7 +346,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     out = _check_out(out, (m, n), out_dtype, device)
     a = a if a.stride(-1) == 1 or k <= 1 else a.contiguous()
     w = _weight_rows("b", b)
-    _run("mm_bf16", out.unsqueeze(0), a.unsqueeze(0), w.unsqueeze(0), bias, None, None, be)
+    _run("mm_bf16", out, a, w, bias, None, None, be)
     return out
 
 
