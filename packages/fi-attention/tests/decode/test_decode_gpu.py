@@ -32,7 +32,8 @@ def make_batch(lens, page_size, hkv, d, dtype=torch.bfloat16, layout="NHD", seed
     indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
     last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)], dtype=torch.int32)
     shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
-    cache = testing.randn(shape, torch.float32, DEV, seed=seed + 1).to(dtype)
+    # drawn on the GPU: the large grid points would spend seconds in CPU randn otherwise
+    cache = torch.randn(shape, device=DEV, generator=torch.Generator(DEV).manual_seed(seed + 1)).to(dtype)
     if tuple_cache:
         cache = (cache[:, 0].clone(), cache[:, 1].clone())
     return cache, indptr, perm.to(torch.int32), last
