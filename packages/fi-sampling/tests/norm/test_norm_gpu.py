@@ -74,6 +74,21 @@ def test_layernorm_misaligned_params(offset):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(3001, 8192), (200003, 128)])
+def test_fused_add_rmsnorm_many_waves(rows, hidden, dtype):
+    # Several waves of blocks: every block prefetches the rows of the block one wave later
+    # (one row per 256-thread block at 8192; 32 rows per 128-thread block at 128), and the last
+    # wave's blocks must skip rows past the end. Odd row counts leave a partial last block.
+    x = _x((rows, hidden), dtype, seed=rows)
+    r = _x((rows, hidden), dtype, seed=hidden)
+    w = _x((hidden,), dtype, seed=3)
+    want_x, want_r = fused_add_rmsnorm_reference(x, r, w, 1e-6)
+    norm.fused_add_rmsnorm(x, r, w, 1e-6)
+    assert torch.equal(r, want_r), "residual must be the input + residual sum rounded once"
+    testing.assert_close(x, want_x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,heads,head_dim", [(1, 32, 128), (99, 8, 128), (7, 5, 111), (33, 4, 256)])
 def test_qk_norm_3d_from_fused_qkv(tokens, heads, head_dim, dtype):
     # q and k sliced out of one [tokens, (hq + 2 hk) * d] tensor: row stride != heads * head_dim.

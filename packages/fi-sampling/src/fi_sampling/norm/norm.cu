@@ -43,6 +43,8 @@ constexpr int regs_cap(int vw, int nv, int arrays) {
   return r < 64 ? 64 : (r > 120 ? 120 : r);
 }
 
+FI_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 struct RowMap {
   int64_t inner, s0, s1;
   FI_DEVICE int64_t offset(int64_t r) const {
@@ -75,10 +77,18 @@ constexpr int kScratch = 4 * 32;
 
 // out = x * rsqrt(mean(x^2) + eps) * (w + w_offset); with FUSED, x = round(in + res) is first
 // written back to res (the rounded sum is what gets normalised, as FlashInfer does).
+//
+// Fused only: `ahead` > 0 is the number of rows resident on the whole GPU (blocks per SM x SMs x
+// rows per block). After the reduction a thread prefetches its slots of row `row + ahead` into
+// L2, so the block that takes over a slot about one block lifetime later finds its 2 input rows
+// in L2. A block has loads in flight only until its row arrives, then reduces and stores; with
+// 3 blocks/SM (75 registers on sm_90a: 64 spills) the prefetches keep HBM reads queued through
+// those phases. No data registers; L2 holds one extra wave of inputs (396 x 32 KB at 8192 bf16).
 template <int VW, int NV, bool FUSED>
 __global__ void __maxnreg__(regs_cap(VW, NV, FUSED ? 2 : 1))
 rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_t rows, int cols,
-                    RowMap mo, RowMap mi, RowMap mr, float eps, float w_offset, int tpr) {
+                    RowMap mo, RowMap mi, RowMap mr, float eps, float w_offset, int tpr,
+                    int64_t ahead) {
   using V = fi::vec_t<T, VW>;
   __shared__ float scratch[kScratch];
   const int groups = blockDim.x / tpr;
@@ -126,6 +136,22 @@ rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
   }
   ss = group_sum(ss, tpr, group, lane, scratch);
   const float rrms = rsqrtf(ss / (float)cols + eps);
+  // Here, not right after the loads: rv is dead by now, so the prefetch addresses cost no spills.
+  if constexpr (FUSED) {
+    const int64_t next = row + ahead;
+    if (ahead > 0 && next < rows) {
+      const T* xn = in + mi.offset(next);
+      const T* rn = res + mr.offset(next);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = lane + i * tpr;
+        if (v < nvec) {
+          prefetch_l2(xn + (int64_t)v * VW);
+          prefetch_l2(rn + (int64_t)v * VW);
+        }
+      }
+    }
+  }
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = lane + i * tpr;
@@ -316,6 +342,30 @@ Plan plan_rows(int64_t rows, int cols, int vw, int max_nv) {
   return p;
 }
 
+// Rows resident on the GPU at once for `kernel` (0: unknown), given the blocks per SM that the
+// caller caches per kernel and block size.
+template <typename K>
+int64_t resident_rows(K kernel, const Plan& p, int& blocks_per_sm) {
+  if (blocks_per_sm == 0 &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, p.block, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    blocks_per_sm = -1;
+  }
+  return blocks_per_sm > 0 ? (int64_t)blocks_per_sm * fi::sm_count() * (p.block / p.tpr) : 0;
+}
+
+template <int VW, int NV, bool FUSED>
+void launch_regs(const Plan& p, T* out, const T* in, T* res, const T* w, int64_t rows, int cols,
+                 RowMap mo, RowMap mi, RowMap mr, float eps, float wo, cudaStream_t st) {
+  auto kernel = rmsnorm_regs_kernel<VW, NV, FUSED>;
+  static int blocks_per_sm[kRegsThreads + 1] = {};  // this kernel, by block size (<= 512)
+  // Prefetching the next wave only pays when there is one.
+  int64_t ahead = FUSED ? resident_rows(kernel, p, blocks_per_sm[p.block]) : 0;
+  if (ahead >= rows) ahead = 0;
+  kernel<<<dim3((unsigned)p.grid), dim3(p.block), 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr,
+                                                           eps, wo, p.tpr, ahead);
+}
+
 template <int VW, bool FUSED>
 cudaError_t launch_rms(const Plan& p, T* out, const T* in, T* res, const T* w, int64_t rows,
                        int cols, RowMap mo, RowMap mi, RowMap mr, float eps, float wo,
@@ -323,12 +373,12 @@ cudaError_t launch_rms(const Plan& p, T* out, const T* in, T* res, const T* w, i
   const dim3 grid((unsigned)p.grid), block(p.block);
   switch (p.nv) {
     case 0: rmsnorm_loop_kernel<VW, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo); break;
-    case 2: rmsnorm_regs_kernel<VW, 2, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break;
-    case 4: if constexpr (4 * VW <= kMaxFloats) { rmsnorm_regs_kernel<VW, 4, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+    case 2: launch_regs<VW, 2, FUSED>(p, out, in, res, w, rows, cols, mo, mi, mr, eps, wo, st); break;
+    case 4: if constexpr (4 * VW <= kMaxFloats) { launch_regs<VW, 4, FUSED>(p, out, in, res, w, rows, cols, mo, mi, mr, eps, wo, st); break; }
             return cudaErrorInvalidConfiguration;
-    case 8: if constexpr (8 * VW <= kMaxFloats) { rmsnorm_regs_kernel<VW, 8, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+    case 8: if constexpr (8 * VW <= kMaxFloats) { launch_regs<VW, 8, FUSED>(p, out, in, res, w, rows, cols, mo, mi, mr, eps, wo, st); break; }
             return cudaErrorInvalidConfiguration;
-    case 16: if constexpr (16 * VW <= kMaxFloats && !FUSED) { rmsnorm_regs_kernel<VW, 16, FUSED><<<grid, block, 0, st>>>(out, in, res, w, rows, cols, mo, mi, mr, eps, wo, p.tpr); break; }
+    case 16: if constexpr (16 * VW <= kMaxFloats && !FUSED) { launch_regs<VW, 16, FUSED>(p, out, in, res, w, rows, cols, mo, mi, mr, eps, wo, st); break; }
             return cudaErrorInvalidConfiguration;
     default: return cudaErrorInvalidConfiguration;
   }
