@@ -253,6 +253,16 @@ int launch(const RopeParams& p, cudaStream_t stream) {
   const int64_t per_group = p.nnz * p.lanes;  // threads per head group
   const int64_t resident = (int64_t)fi::sm_count() * blocks_per_sm * kThreads;
   int64_t want = resident / (per_group > 0 ? per_group : 1);
+  // With a cos/sin cache a thread's setup is one 64-byte row read (an L1 hit for all but the
+  // first head group of a token), so short threads are cheap: at most two batches of heads each.
+  // Long per-thread loops serialise (in-place loads wait for the previous batch's stores), and
+  // "one wave" undershoots: 8192 tokens x 8 lanes at 3 blocks/SM (78 registers on sm_90a) gave
+  // one 40-head group, 256 blocks for 396 resident slots. Ten 4-head groups give 2560 short
+  // blocks. Computed angles cost VEC sincos per thread, so that path keeps long threads.
+  if (p.cos_sin != nullptr) {
+    const int64_t short_groups = fi::ceil_div<int64_t>(heads, 2 * kBatch<VEC>);
+    if (want < short_groups) want = short_groups;
+  }
   want = want < 1 ? 1 : (want > heads ? heads : want);
   q.heads_per_thread = (int)fi::ceil_div<int64_t>(heads, want);
   q.groups = fi::ceil_div(heads, q.heads_per_thread);
