@@ -38,11 +38,15 @@ def top_k_mask(p: torch.Tensor, top_k) -> torch.Tensor:
     return (p >= kth) | keep_all.unsqueeze(1)
 
 
-def top_p_mask(p: torch.Tensor, top_p) -> torch.Tensor:
-    """Boolean [B, V]: kept by top-p (mass strictly above the token < top_p)."""
-    p = p.double().cpu()
+def top_p_mask(p: torch.Tensor, top_p, device=None) -> torch.Tensor:
+    """Boolean [B, V]: kept by top-p (mass strictly above the token < top_p).
+
+    `device` (default: the CPU) is where the float64 sort runs; GPU tests pass ``"cuda"`` so
+    that large batches (989 x 128256) stay fast. The result lives on that device.
+    """
+    p = p.double().to(device or "cpu")
     b, v = p.shape
-    tp = _per_row(top_p, b, torch.float64)
+    tp = _per_row(top_p, b, torch.float64).to(p.device)
     s = torch.sort(p, dim=-1, descending=True).values
     above = torch.cumsum(s, dim=-1) - s           # mass before position i in sorted order
     # mass strictly above value s_i = `above` at the first occurrence of that value; `above` is
