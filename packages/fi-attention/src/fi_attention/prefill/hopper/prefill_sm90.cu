@@ -64,8 +64,10 @@ constexpr int kConsumerThreads = 256;
 constexpr int kBoxCols = 64;                           // 64 x 16-bit = one 128-byte swizzle row
 constexpr int kBoxes = kHeadDim / kBoxCols;
 static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;                     // 40*128 + 232*256 <= 64K registers
+// ptxas allocates the consumer branch with kConsumerRegs (d=256 holds a 64x256 fp32 O per
+// warpgroup: 232 spilled there, 240 does not); the producer's address math fits in 24.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;                     // 24*128 + 240*256 <= 64K registers
 // Ping-pong (FA3 "warp scheduler barrier"): the two consumer warpgroups take turns issuing their
 // GEMMs, so one warpgroup's softmax overlaps the other's GEMMs instead of both competing for the
 // tensor cores at once. Barrier ids kSchedBarrier + wg - 1 for wg = 1, 2.
