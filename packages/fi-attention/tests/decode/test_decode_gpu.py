@@ -9,10 +9,11 @@ exercise split-KV (a long request in a small batch) and the unsplit path.
 import pytest
 import torch
 
-from fi_core import testing
+from fi_core import arch_of, build_many, testing
 from fi_core.errors import InputError
 from fi_attention import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
                           single_decode_with_kv_cache)
+from fi_attention.decode.spec import select_spec
 from fi_attention.reference import attention_reference, batch_decode_reference, gather_paged_kv
 
 pytestmark = testing.gpu_only()
@@ -21,6 +22,22 @@ DEV = "cuda"
 # it does not apply: head_dim 256, RoPE, mixed 16-bit dtypes) and the CUDA-core one (decode.cu).
 KERNELS = pytest.mark.parametrize("backend", ["tensor-core", "cuda-core"])
 LSE_TOL = dict(dtype=torch.float32, atol=2e-3, rtol=1e-3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuild_modules():
+    """Compile every decode module this file uses in one parallel build (FI_MAX_JOBS), instead
+    of one at a time inside the first test that needs each."""
+    arch = arch_of(torch.device(DEV))
+    bf, hf, e4, e5 = torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
+    cases = [(bf, bf, 128, 4, p, c) for p, c in (("NONE", False), ("NONE", True), ("ALIBI", False),
+                                                 ("ROPE_LLAMA", False))]
+    cases += [(bf, bf, 128, 8, "NONE", False), (hf, e4, 128, 8, "ROPE_LLAMA", True)]
+    cases += [(hf, hf, d, g, "NONE", False) for d in (64, 128, 256) for g in (1, 4, 8, 16, 6, 7)]
+    cases += [(q, kv, 128, 4, "NONE", False) for q in (bf, hf) for kv in (e4, e5)]
+    specs = {select_spec(q, kv, d, g, pos, cap, arch, kernel)
+             for q, kv, d, g, pos, cap in cases for kernel in ("tensor-core", "cuda-core")}
+    build_many(sorted(specs, key=lambda sp: sp.name))
 
 
 def make_batch(lens, page_size, hkv, d, dtype=torch.bfloat16, layout="NHD", seed=0, tuple_cache=False,
