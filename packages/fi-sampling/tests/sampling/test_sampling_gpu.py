@@ -31,6 +31,7 @@ CASES = [
     ("plain", dict()),
     ("top_k", dict(top_k=1)),
     ("top_k", dict(top_k=10)),
+    ("top_k", dict(top_k=111)),  # k covers every positive token: the cut is 0 (plain draw)
     ("top_p", dict(top_p=0.5)),
     ("top_p", dict(top_p=0.9)),
     ("min_p", dict(min_p=0.1)),
@@ -75,6 +76,22 @@ def test_frequencies_match_exact_distribution(kind, kw):
     assert (counts[exact == 0] == 0).all(), "a filtered-out token was returned"
     tv = 0.5 * (counts / N_SAMPLES - exact).abs().sum().item()
     assert tv <= TV_BOUND, f"total variation {tv:.4f} > {TV_BOUND}"
+
+
+def test_top_k_sparse_row_frequencies():
+    # 30 positive tokens of 1000: k = 50 keeps all of them (zeros are never drawn); k = 7 cuts
+    # inside the positive ones. Same TV bound as above (V = 30 effective tokens is smaller).
+    dense = _probs(1, 30, seed=5, scale=2.0)
+    probs = torch.zeros(1, 1000, device="cuda")
+    probs[0, ::33][:30] = dense[0, :30]
+    idx = torch.zeros(N_SAMPLES, dtype=torch.int32, device="cuda")
+    for k in (50, 7):
+        toks = S.top_k_sampling_from_probs(probs, k, indices=idx, seed=99, offset=k)
+        exact = R.filtered_probs(probs, "top_k", top_k=k)[0]
+        counts = torch.bincount(toks.long().cpu(), minlength=1000).double()
+        assert counts.numel() == 1000 and (counts[exact == 0] == 0).all()
+        tv = 0.5 * (counts / N_SAMPLES - exact).abs().sum().item()
+        assert tv <= TV_BOUND, f"k={k}: total variation {tv:.4f} > {TV_BOUND}"
 
 
 def test_logits_frequencies_both_orders():

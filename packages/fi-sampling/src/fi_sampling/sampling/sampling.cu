@@ -10,11 +10,19 @@
 // exactly the filtered distribution, whatever the pivots were.
 //
 // Typical cost: top-p 0.9 = 2 passes (the first proposal is accepted with probability ~0.9),
-// min-p = 1-2 passes (the threshold is known after the first pass), top-k 50 of 128k = 5-7 passes.
+// min-p = 1-2 passes (the threshold is known after the first pass).
+//
+// Top-k alone does not use the rejection loop: its rounds cost two passes each and k = 50 of 128k
+// took 5-7 rounds (~12 passes: 65 us at batch 1, where one block per row makes every pass a
+// latency-bound L2 sweep). Instead the exact cut-off t = the k-th largest value (ties kept) comes
+// from threshold.cuh (first pass + ~1 value pass + 1 gather pass), then one inverse-CDF draw over
+// {x >= t} (1 pass + a 1/32 rescan): ~4 passes. Same distribution, and the draw uses the same
+// Philox number as the rejection loop's first round.
 #include "fi/common.cuh"
 #include "philox.cuh"
 #include "rejection.cuh"
 #include "row_ops.cuh"
+#include "threshold.cuh"
 
 namespace fi::sampling {
 
@@ -42,6 +50,21 @@ filtered_sampling_kernel(int* __restrict__ out, const float* __restrict__ probs,
   if (k <= 0 || k > vocab) k = (int)vocab;  // k <= 0 means no top-k filter
   const float thr = thr_arr ? thr_arr[b] : thr_val;
 
+  if constexpr (kMode == kTopK) {
+    __shared__ FirstPassSmem first_sm;
+    __shared__ CandSmem cand_sm;
+    // Zeros are never drawn, so the search runs over the positive elements only: if k covers
+    // all of them the cut is 0 (plain sampling), else it lies in (0, max].
+    const RowStats st = first_pass(row, 0.f, first_sm);
+    const float lo = k >= st.above_floor
+                         ? 0.f
+                         : float_below(topk_threshold(row, k, 0.f, st.above_floor, st.maxv,
+                                                      stats_sm, cand_sm));
+    const float u = philox_uniform(seed, offset, (uint32_t)b, 0u);
+    const SampleResult r = sample_above(row, lo, u, sample_sm);
+    if (threadIdx.x == 0) out[b] = r.idx >= 0 ? (int)r.idx : 0;  // no positive mass: token 0
+    return;
+  }
   const long long result = rejection_sample<kMode>(row, k, thr, seed, offset, (uint32_t)b,
                                                    sample_sm, stats_sm);
   if (threadIdx.x == 0) out[b] = (int)result;
