@@ -223,13 +223,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if need > self._float_ws.numel() * self._float_ws.element_size():
             raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
                              f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
-        # int32 metadata: work [cap, 4] | num_work (padded to 16 B) | merge_indptr [B + 1]
-        n_int = cap * 4 + 4 + (self._batch + 1)
+        # int32 metadata: work [cap, 4] | num_work (padded to 16 B) | merge_indptr [B + 1], then,
+        # when the page table came from the host (non-graph mode), indptr | last_page_len |
+        # indices in the same buffer: one host-to-device copy per plan instead of four.
+        B = self._batch
+        n_meta = cap * 4 + 4 + (B + 1)
+        stage = not self._use_cuda_graph and all(
+            t.device.type == "cpu" for t in (indptr, indices, last_page_len))
+        nnz = int(self._h_indptr[-1]) if B else 0
+        off_indptr, off_last, off_idx = n_meta, n_meta + B + 1, n_meta + 2 * B + 1
+        n_int = off_idx + nnz if stage else n_meta
         if self._int_ws is None or self._int_ws.numel() < n_int:
             if self._use_cuda_graph and self._int_ws is not None:
                 raise InputError("a re-plan of a CUDA-graph wrapper needs more metadata than the "
                                  "first plan allocated")
-            size = max(n_int, 4096)
+            size = max(n_int + n_int // 4, 4096)
             self._int_ws = torch.empty(size, dtype=torch.int32, device=dev)
             # A ring of pinned mirrors: plan() may be called again while an earlier upload is
             # still queued behind GPU work; it only waits if the ring has wrapped around.
@@ -243,12 +251,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         host = host_t.numpy()
         host[: plan.num_items * 4] = plan.work.reshape(-1)
         host[cap * 4] = plan.num_items
-        host[cap * 4 + 4: cap * 4 + 5 + self._batch] = plan.merge_indptr
+        host[cap * 4 + 4: cap * 4 + 5 + B] = plan.merge_indptr
+        if stage:
+            host[off_indptr: off_indptr + B + 1] = self._h_indptr
+            host[off_last: off_last + B] = self._h_last
+            host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
         self._int_ws[:n_int].copy_(host_t[:n_int], non_blocking=True)
         slot[1] = torch.cuda.Event()
         slot[1].record()
 
-        # Page table on the device: the user's device tensors directly, or copies.
+        # Page table on the device: staged above, the user's device tensors, or the graph buffers.
         def dev_table(src, buf):
             if self._use_cuda_graph:
                 if src.device != buf.device or src.data_ptr() != buf.data_ptr():
@@ -258,9 +270,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 return buf
             return src if src.device == dev else src.to(dev, non_blocking=non_blocking)
 
-        self._d_indptr = dev_table(indptr, self._indptr_buf)
-        self._d_indices = dev_table(indices, self._indices_buf)
-        self._d_last = dev_table(last_page_len, self._last_buf)
+        if stage:
+            self._d_indptr = self._int_ws[off_indptr: off_indptr + B + 1]
+            self._d_last = self._int_ws[off_last: off_last + B]
+            self._d_indices = self._int_ws[off_idx: off_idx + nnz]
+        else:
+            self._d_indptr = dev_table(indptr, self._indptr_buf)
+            self._d_indices = dev_table(indices, self._indices_buf)
+            self._d_last = dev_table(last_page_len, self._last_buf)
         self._plan = plan
         base = self._int_ws.data_ptr()
         a = DecodeArgs()
