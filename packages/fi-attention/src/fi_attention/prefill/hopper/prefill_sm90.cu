@@ -556,6 +556,7 @@ inline bool encode_qkv(CUtensorMap* map, const void* ptr, int64_t tokens, int64_
                        int64_t head_stride, int rows, bool heads_outer = false) {
   EncodeTiledFn fn = encode_fn();
   if (fn == nullptr) return false;
+  if (heads == 1) head_stride = kHeadDim;  // unused by addressing; keep the strides dense-looking
   cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads_outer ? tokens : heads),
                         cuuint64_t(heads_outer ? heads : tokens)};
   cuuint64_t strides[2] = {cuuint64_t(heads_outer ? tok_stride : head_stride) * sizeof(Element),
@@ -576,6 +577,7 @@ inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64
                          int64_t page_stride, int64_t tok_stride, int64_t head_stride, bool heads_outer) {
   EncodeTiledFn fn = encode_fn();
   if (fn == nullptr) return false;
+  if (heads == 1) head_stride = kHeadDim;  // unused by addressing; keep the strides dense-looking
   const cuuint32_t rows = cuuint32_t(page_size < kBlockN ? page_size : kBlockN);
   const int64_t d1 = heads_outer ? page_size : heads, d2 = heads_outer ? heads : page_size;
   const int64_t s1 = heads_outer ? tok_stride : head_stride, s2 = heads_outer ? head_stride : tok_stride;
