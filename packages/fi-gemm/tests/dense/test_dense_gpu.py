@@ -123,7 +123,7 @@ def test_bmm_fp8_mixed_e5m2_fp16_out_batched(m):
     testing.assert_close(out, gemm_reference(A, W, f16, None, sa, sb), dtype=f16)
 
 
-@pytest.mark.parametrize("m", [4, 512])
+@pytest.mark.parametrize("m", [4, 100, 512])  # gemv, stream-K mid, large
 def test_cuda_graph_replay_and_determinism(m):
     a, w = _operands(m, 1024, 2048, bf16, seed=50)
     first = mm_bf16(a, w.T)

@@ -137,8 +137,11 @@ _WS_SIZE: dict = {}
 _WS: dict = {}
 
 
-def _workspace(mod, m: int, n: int, k: int, batch: int,
-               device: torch.device) -> tuple[int, int]:
+def _workspace(mod, m: int, n: int, k: int, batch: int, device: torch.device,
+               stream: int) -> tuple[int, int]:
+    """Caller-owned CUTLASS workspace: one buffer per (device, stream), so GEMMs running
+    concurrently on different streams never share stream-K partials. Grown outside the hot path
+    (the first call of a shape class); size queries are memoised per problem."""
     key = (id(mod), m, n, k, batch)
     need = _WS_SIZE.get(key)
     if need is None:
@@ -147,9 +150,10 @@ def _workspace(mod, m: int, n: int, k: int, batch: int,
         need = _WS_SIZE[key] = int(box.value)
     if need == 0:
         return 0, 0
-    buf = _WS.get(device)
+    buf = _WS.get((device, stream))
     if buf is None or buf.numel() < need:
-        buf = _WS[device] = torch.empty(max(need, 1 << 20), dtype=torch.uint8, device=device)
+        buf = _WS[(device, stream)] = torch.empty(max(need, 16 << 20), dtype=torch.uint8,
+                                                  device=device)
     return buf.data_ptr(), buf.numel()
 
 
@@ -202,7 +206,7 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
         mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                     lda, ldw, ldo, bsa, bsw, bso, stream)
     else:
-        ws, ws_bytes = _workspace(mod, M, N, K, L, dev)
+        ws, ws_bytes = _workspace(mod, M, N, K, L, dev, stream)
         mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                          lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)
 

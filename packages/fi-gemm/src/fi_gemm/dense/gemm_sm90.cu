@@ -5,7 +5,8 @@
 // needs for fp8 and what TMA loads best for 16-bit types.
 //
 // One tile configuration per translation unit (spec defines): FI_TA, FI_TB, FI_TD, FI_TBIAS,
-// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG. The Python side picks the unit per shape class.
+// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG, FI_STREAMK. The Python side picks the unit per
+// shape class.
 //
 // The epilogue is one visitor tree for every op: acc * (scale_a * scale_b) + bias[n]. Scales are
 // device pointers (bmm_fp8's float32 tensors) or 1.0 when null; bias is a row broadcast that
@@ -79,9 +80,17 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     MainloopSchedule>::CollectiveOp;
 
+#if FI_STREAMK
+// Stream-K: when there are fewer output tiles than SMs (mid M: decode-adjacent batches against
+// wide weights), CTAs also split K so every SM streams weights; partial tiles are reduced through
+// the caller's workspace in a fixed (deterministic) order.
+using TileScheduler = cutlass::gemm::StreamKScheduler;
+#else
+using TileScheduler = cutlass::gemm::PersistentScheduler;
+#endif
+
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
-    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
-    cutlass::gemm::PersistentScheduler>;
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 using StrideA = typename GemmKernel::StrideA;
@@ -123,8 +132,8 @@ typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const 
 
 using namespace fi_sm90_impl;
 
-// Bytes of workspace the kernel needs for this problem (0 for the persistent data-parallel
-// scheduler, but asked for rather than assumed).
+// Bytes of workspace the kernel needs for this problem (0 for the data-parallel persistent
+// scheduler; stream-K partial tiles and flags otherwise).
 FI_EXPORT int fi_gemm_sm90_workspace(void* out_bytes, int64_t m, int64_t n, int64_t k, int64_t l) {
   auto args = make_args(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, l, k, k, n,
                         m * k, n * k, m * n);

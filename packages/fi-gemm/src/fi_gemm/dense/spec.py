@@ -34,21 +34,23 @@ class TileConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     pingpong: bool = False
+    streamk: bool = False
 
 
 # Shape classes. "large": 128x256 cooperative with a 2x1 cluster multicasting W across the two
-# M-tiles (the classic Hopper peak config). "mid": 128x128 cooperative, 1x1, for M <= 256 where
-# the problem is W-streaming bound and more, smaller tiles fill the 132 SMs.
+# M-tiles (the classic Hopper peak config). "mid": 128x128 cooperative, 1x1, stream-K, for
+# M <= 256 where the problem is W-streaming bound: with N = 4096 there are only 32-64 output
+# tiles, so stream-K splits K to put every SM on the weights.
 CONFIGS_16BIT = {
     "large": TileConfig("large", 128, 256, 64, 2, 1),
-    "mid": TileConfig("mid", 128, 128, 64, 1, 1),
+    "mid": TileConfig("mid", 128, 128, 64, 1, 1, streamk=True),
 }
 # fp8 keeps a second fp32 accumulator set (the mainloop promotes wgmma's partial sums every few
 # K steps, as torch._scaled_mm's default does), so a 128x256 tile needs 2 x 128 accumulator
 # registers per thread and spills (measured: 1.4 KB/thread); 128x128 fits in 168.
 CONFIGS_FP8 = {
     "large": TileConfig("large", 128, 128, 128, 2, 1),
-    "mid": TileConfig("mid", 128, 128, 128, 1, 1),
+    "mid": TileConfig("mid", 128, 128, 128, 1, 1, streamk=True),
 }
 
 GEMM_SM90_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64",
@@ -81,7 +83,7 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
             "FI_TD": _CUTLASS_TYPE[out_dtype], "FI_TBIAS": _CUTLASS_TYPE[bias_dtype],
             "FI_TILE_M": c.tile_m, "FI_TILE_N": c.tile_n, "FI_TILE_K": c.tile_k,
             "FI_CLUSTER_M": c.cluster_m, "FI_CLUSTER_N": c.cluster_n,
-            "FI_PINGPONG": int(c.pingpong),
+            "FI_PINGPONG": int(c.pingpong), "FI_STREAMK": int(c.streamk),
         },
         entries=(Entry("fi_gemm_sm90", GEMM_SM90_ARGS),
                  Entry("fi_gemm_sm90_workspace", ("ptr", "i64", "i64", "i64", "i64"))),
