@@ -53,6 +53,16 @@ def test_strided_rows_and_stray_writes(rows, d, stride, dtype):
     assert torch.isnan(obuf[:, :8]).all() and torch.isnan(obuf[:, 8 + d:]).all(), "stray write"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_dense_sweep(dtype):
+    # The kernel's erf is a rational-exponential fit (|err| <= 1.5e-7), not erff: check every
+    # representable gate value in [-12, 12] (both tails and the x >= 0 switch), up = 1 and up = 8.
+    g = torch.arange(-12.0, 12.0, 2.0 ** -8, device=DEV).to(dtype).unique()
+    for up in (1.0, 8.0):
+        x = torch.cat([g, torch.full_like(g, up)]).view(1, -1)
+        testing.assert_close(activation.gelu_and_mul(x), act_and_mul_reference(x, "gelu"))
+
+
 def test_extreme_inputs_stay_finite():
     # silu's exp(-x) overflows to inf for x << 0; the result must be -0, not NaN.
     x = torch.tensor([[-200.0, -20.0, 0.0, 20.0, 1.0, 1.0, 1.0, 1.0]], device=DEV).to(torch.bfloat16)
