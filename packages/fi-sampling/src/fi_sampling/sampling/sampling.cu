@@ -12,12 +12,15 @@
 // Typical cost: top-p 0.9 = 2 passes (the first proposal is accepted with probability ~0.9),
 // min-p = 1-2 passes (the threshold is known after the first pass).
 //
-// Top-k alone does not use the rejection loop: its rounds cost two passes each and k = 50 of 128k
-// took 5-7 rounds (~12 passes: 65 us at batch 1, where one block per row makes every pass a
-// latency-bound L2 sweep). Instead the exact cut-off t = the k-th largest value (ties kept) comes
-// from threshold.cuh (first pass + ~1 value pass + 1 gather pass), then one inverse-CDF draw over
-// {x >= t} (1 pass + a 1/32 rescan): ~4 passes. Same distribution, and the draw uses the same
-// Philox number as the rejection loop's first round.
+// Top-k alone runs one rejection round only. Later rounds cost two passes each and k = 50 of
+// a flat 128k row took 5-7 of them (65 us at batch 1, where one block per row makes every pass
+// a latency-bound L2 sweep). Round 0 is kept: a draw from the whole row plus its count check
+// (2 passes) accepts at once on peaked rows, where the top-k cut is far below the max and value
+// bracketing would need many passes. On rejection, its 4 pivot counts seed threshold.cuh's
+// bracket (lo, max], which usually already holds <= 256 elements: one gather pass gives the
+// exact cut t (ties kept), and one more draw from {x >= t} (1 pass) finishes: ~4-5 passes.
+// Exact: P(i) = p_i [first draw = i, i kept] + (1 - P(kept)) p_i / P(kept) = p_i / P(kept).
+// sm_90 and later (sm_80 keeps the rejection loop: see the kernel).
 #include "fi/common.cuh"
 #include "philox.cuh"
 #include "rejection.cuh"
@@ -50,21 +53,44 @@ filtered_sampling_kernel(int* __restrict__ out, const float* __restrict__ probs,
   if (k <= 0 || k > vocab) k = (int)vocab;  // k <= 0 means no top-k filter
   const float thr = thr_arr ? thr_arr[b] : thr_val;
 
+#if __CUDA_ARCH__ >= 900
+  // sm_90+ only: on sm_80 ptxas spills this path under the 64-register cap of 1024-thread blocks
+  // (4-16 bytes whatever the arrangement), so sm_80 keeps the plain rejection loop below.
   if constexpr (kMode == kTopK) {
-    __shared__ FirstPassSmem first_sm;
     __shared__ CandSmem cand_sm;
-    // Zeros are never drawn, so the search runs over the positive elements only: if k covers
-    // all of them the cut is 0 (plain sampling), else it lies in (0, max].
-    const RowStats st = first_pass(row, 0.f, first_sm);
-    const float lo = k >= st.above_floor
-                         ? 0.f
-                         : float_below(topk_threshold(row, k, 0.f, st.above_floor, st.maxv,
-                                                      stats_sm, cand_sm));
-    const float u = philox_uniform(seed, offset, (uint32_t)b, 0u);
-    const SampleResult r = sample_above(row, lo, u, sample_sm);
-    if (threadIdx.x == 0) out[b] = r.idx >= 0 ? (int)r.idx : 0;  // no positive mass: token 0
+    // Round 0 draws from the whole row; round 1 (only after a rejection) from {x >= cut}. A loop,
+    // so sample_above is inlined once (two copies spill under the 64-register cap).
+    // Both uniforms up front: seed and offset (4 registers) are then dead inside the loop.
+    const float u0 = philox_uniform(seed, offset, (uint32_t)b, 0u);
+    const float u1 = philox_uniform(seed, offset, (uint32_t)b, 1u);
+    float lo = 0.f;
+    int result = 0;  // no positive probability: token 0 (documented)
+#pragma unroll 1
+    for (int round = 0; round < 2; ++round) {
+      const SampleResult s = sample_above(row, lo, round == 0 ? u0 : u1, sample_sm);
+      if (s.idx < 0) break;  // round 1 always finds one: the max is >= cut and positive
+      result = (int)s.idx;
+      if (round == 1) break;
+      float piv[kPivots];
+      piv[0] = s.val;
+#pragma unroll
+      for (int j = 1; j < kPivots; ++j) piv[j] = s.val + (s.maxv - s.val) * (j * (1.f / kPivots));
+      int cnt[kPivots];
+      float mass[kPivots];
+      stats_above<true, false>(row, piv, cnt, mass, stats_sm);
+      if (cnt[0] < k) break;  // the draw is in the top-k set: accepted
+      // The cut lies in (lo, max]: lo = the largest pivot with >= k elements above it.
+      lo = piv[0];
+      int cnt_lo = cnt[0];
+#pragma unroll
+      for (int j = 1; j < kPivots; ++j)
+        if (cnt[j] >= k && piv[j] > lo) { lo = piv[j]; cnt_lo = cnt[j]; }
+      lo = float_below(topk_threshold(row, k, lo, cnt_lo, s.maxv, stats_sm, cand_sm));
+    }
+    if (threadIdx.x == 0) out[b] = result;
     return;
   }
+#endif
   const long long result = rejection_sample<kMode>(row, k, thr, seed, offset, (uint32_t)b,
                                                    sample_sm, stats_sm);
   if (threadIdx.x == 0) out[b] = (int)result;
