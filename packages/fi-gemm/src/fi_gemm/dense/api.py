@@ -53,13 +53,16 @@ def _sm90_check(f: dict) -> Optional[str]:
 
 
 def _backends(dtypes) -> tuple[Backend, ...]:
+    fp8 = dtypes == FP8
+    torch_path = () if fp8 else (
+        Backend("torch", dtypes=dtypes,
+                notes="cuBLAS via torch.matmul: M > 16 off Hopper, or rows TMA cannot load"),)
     return (
-        Backend("gemv", min_arch="8.0", dtypes=dtypes, check=_gemv_check,
+        Backend("gemv", min_arch="8.9" if fp8 else "8.0", dtypes=dtypes, check=_gemv_check,
                 notes="M <= 16 weight-streaming mma.sync kernel"),
         Backend("cutlass_sm90", archs=("9.0a",), dtypes=dtypes, check=_sm90_check,
                 notes="CUTLASS 3.x TMA warp-specialised persistent GEMM"),
-        Backend("torch", dtypes=_16BIT,
-                notes="cuBLAS via torch.matmul: M > 16 off Hopper, or rows TMA cannot load"),
+        *torch_path,
         Backend("reference", devices=("cpu", "cuda"), notes="pure torch, fp32 math"),
     )
 

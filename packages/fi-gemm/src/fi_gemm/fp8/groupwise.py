@@ -51,23 +51,25 @@ def _sm90_check(f: dict) -> Optional[str]:
     return None
 
 
-def _backends():
+def _backends(grouped: bool):
+    cutlass = () if grouped else (
+        Backend("cutlass_sm90", archs=("9.0a",), dtypes=FP8, check=_sm90_check,
+                notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),)
     return (Backend("gemv", min_arch="8.9", dtypes=FP8, check=_gemv_check,
                     notes="block-scaled weight-streaming mma.sync, M <= 16 (per segment tile)"),
-            Backend("cutlass_sm90", archs=("9.0a",), dtypes=FP8, check=_sm90_check,
-                    notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),
+            *cutlass,
             Backend("reference", devices=("cpu", "cuda"), notes="fp32 dequantised torch math"))
 
 
 GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="gemm_fp8_nt_groupwise", family="fi-gemm", api="flashinfer.gemm.gemm_fp8_nt_groupwise",
-    backends=_backends(), stability="experimental",
+    backends=_backends(grouped=False), stability="experimental",
     specs=lambda arch: ([gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else [])
     + ([blockwise_sm90_spec(FP8[0], FP8[0], torch.bfloat16, "default", arch)]
        if arch.cc == 90 else [])))
 GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="group_gemm_fp8_nt_groupwise", family="fi-gemm",
-    api="flashinfer.gemm.group_gemm_fp8_nt_groupwise", backends=_backends(),
+    api="flashinfer.gemm.group_gemm_fp8_nt_groupwise", backends=_backends(grouped=True),
     stability="experimental",
     specs=lambda arch: [gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else []))
 
