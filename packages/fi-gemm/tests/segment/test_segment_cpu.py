@@ -96,3 +96,11 @@ def test_torch_compile_fullgraph_cpu():
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(a, b, ip), f(a, b, ip), atol=0, rtol=0)
+
+
+def test_grouped_mm_m_sizes_is_ignored_on_cpu_and_agrees():
+    a = torch.randn(6, 32).to(bf16)
+    b = torch.randn(2, 8, 32).to(bf16)
+    ip = torch.tensor([0, 2, 6])
+    torch.testing.assert_close(grouped_mm_bf16(a, b, ip, m_sizes=[2, 4]), grouped_mm_bf16(a, b, ip),
+                               atol=0, rtol=0)

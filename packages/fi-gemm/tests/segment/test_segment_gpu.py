@@ -72,3 +72,16 @@ def test_graph_replay():
     ref = torch.empty_like(out)
     segment_gemm_reference(x, w, ip, None, ref)
     testing.assert_close(out, ref, dtype=f16)
+
+
+def test_grouped_mm_host_sizes_path():
+    """m_sizes given: each group runs the dense path (gemv for 3 rows, CUTLASS/torch for 130)."""
+    lens = [3, 0, 130]
+    ip = torch.tensor([0, 3, 3, 133], device=DEV)
+    a = testing.randn((133, 512), bf16, DEV, seed=8)
+    b = testing.randn((3, 264, 512), bf16, DEV, seed=9, scale=512 ** -0.5)
+    out = testing.empty_poisoned((133, 264), bf16, DEV)
+    grouped_mm_bf16(a, b, ip, out=out, m_sizes=lens)
+    ref = torch.empty_like(out)
+    segment_gemm_reference(a, b, ip, None, ref)
+    testing.assert_close(out, ref, dtype=bf16)

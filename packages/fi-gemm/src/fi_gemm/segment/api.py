@@ -10,6 +10,7 @@ read on the device. It suits LoRA (few rows or small N per segment); large group
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
 import torch
@@ -247,7 +248,8 @@ class SegmentGEMMWrapper:
 
 def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
                     out: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", *,
+                    m_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Grouped GEMM over row segments: ``out[m_indptr[e]:m_indptr[e+1]] = a[...] @ b[e]^T``.
 
     Parameters
@@ -262,6 +264,12 @@ def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
         [cum_m, n] of ``out_dtype``.
     out_dtype : torch.dtype
         bfloat16 (default), float16 or float32.
+    m_sizes : sequence of int, optional
+        fi extension: the group sizes as host integers, when the caller already has them. Each
+        group then runs the dense GEMM path (decode kernel for <= 16 rows, CUTLASS on Hopper for
+        more), which reads each group's weight once; without it the graph-safe segment kernel
+        re-reads a group's weight per 16-row tile (fine for decode, slow for large groups).
+        Must agree with m_indptr (not checked unless FI_CHECK_INPUTS=1).
 
     Returns
     -------
@@ -291,4 +299,34 @@ def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
     m_indptr = _index("m_indptr", m_indptr, b.shape[0] + 1, device)
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(2) == 1 else b.contiguous()
+    if (m_sizes is not None and device.type == "cuda" and out_dtype != torch.float32
+            and backend == "auto" and not torch.compiler.is_compiling()):
+        return _grouped_by_host_sizes(a, b, m_indptr, list(m_sizes), out, out_dtype)
     return _segment_gemm(a, b, m_indptr, None, out, out_dtype, backend, "grouped_mm_bf16")
+
+
+def _grouped_by_host_sizes(a, b, m_indptr, sizes, out, out_dtype):
+    from ..dense.api import _gemm_dispatch  # noqa: PLC0415
+
+    if len(sizes) != b.shape[0] or sum(sizes) > a.shape[0] or min(sizes, default=0) < 0:
+        raise InputError(f"m_sizes must hold {b.shape[0]} non-negative sizes summing to at most "
+                         f"{a.shape[0]}, got {sizes}")
+    if knobs.check_inputs():
+        expect = [0]
+        for sz in sizes:
+            expect.append(expect[-1] + sz)
+        if m_indptr.tolist() != expect:
+            raise InputError(f"m_sizes {sizes} disagree with m_indptr {m_indptr.tolist()}")
+    if out is None:
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
+    else:
+        checks.shape("out", out, (a.shape[0], b.shape[1]))
+        if out.dtype != out_dtype:
+            raise InputTypeError(f"out must be {out_dtype}, got {out.dtype}")
+        checks.last_dim_contiguous("out", out)
+    r = 0
+    for g, sz in enumerate(sizes):
+        if sz:
+            _gemm_dispatch("mm_bf16", out[r:r + sz], a[r:r + sz], b[g], None, None, None, "auto")
+        r += sz
+    return out
