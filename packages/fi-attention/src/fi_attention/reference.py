@@ -47,7 +47,7 @@ def rope_llama(x: torch.Tensor, pos: torch.Tensor, rope_scale: float = 1.0,
     """Rotate ``x [L, H, D]`` (float32) at positions ``pos [L]``: Llama's non-interleaved RoPE."""
     d = x.shape[-1]
     half = d // 2
-    inv_freq = 1.0 / (rope_scale * rope_theta ** (torch.arange(half, dtype=torch.float64) * 2 / d))
+    inv_freq = 1.0 / (rope_scale * rope_theta ** (torch.arange(half, dtype=torch.float64, device=pos.device) * 2 / d))
     ang = pos.to(torch.float64)[:, None] * inv_freq[None, :]
     cos = torch.cos(ang).float()[:, None, :]
     sin = torch.sin(ang).float()[:, None, :]

@@ -166,7 +166,11 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
     if nnz_kv == 0:
-        raise InputError("k/v must hold at least one token")
+        # No key at all: every row sees nothing, which the API defines as output 0 and LSE -inf.
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0))
     mod.fi_prefill_sm90_ragged(
