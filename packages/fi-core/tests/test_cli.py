@@ -56,3 +56,21 @@ def test_bench_list_and_no_gpu(capsys):
     assert "launch_overhead" in capsys.readouterr().out
     if not torch.cuda.is_available():
         assert main(["bench", "--routine", "launch_overhead"]) == 2
+
+
+def test_broken_family_is_reported_not_fatal(monkeypatch, caplog):
+    import importlib
+
+    from fi_core import families
+
+    real = importlib.import_module
+
+    def fake(name, *a):
+        if name == "fi_moe":
+            raise RuntimeError("simulated broken install")
+        return real(name, *a)
+    monkeypatch.setattr(families.importlib, "import_module", fake)
+    with caplog.at_level("WARNING", logger="fi"):
+        done = families.import_all()
+    assert "fi_moe" not in done and "fi_sampling" in done
+    assert "could not import fi_moe (RuntimeError: simulated broken install)" in caplog.text

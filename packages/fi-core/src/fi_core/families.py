@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger("fi")
 
 
 @dataclass(frozen=True)
@@ -30,21 +33,25 @@ def installed(family: Family) -> bool:
     return importlib.util.find_spec(family.module) is not None
 
 
+def _try_import(name: str) -> bool:
+    """Import a family module for a CLI listing. A family that fails to import is reported (with
+    the error) and skipped, so one broken install does not hide every other family."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+        log.warning("fi: could not import %s (%s: %s); its ops are left out", name,
+                    type(exc).__name__, exc)
+        return False
+
+
 def import_all() -> list[str]:
     """Import every installed family (which registers its ops); returns the imported names."""
-    done = []
-    for fam in FAMILIES:
-        if installed(fam):
-            importlib.import_module(fam.module)
-            done.append(fam.module)
-    return done
+    return [f.module for f in FAMILIES if installed(f) and _try_import(f.module)]
 
 
 def import_bench_routines() -> list[str]:
     """Import `<family>.bench` modules (they register benchmark routines)."""
-    done = []
-    for fam in FAMILIES:
-        if installed(fam) and importlib.util.find_spec(f"{fam.module}.bench") is not None:
-            importlib.import_module(f"{fam.module}.bench")
-            done.append(fam.module)
-    return done
+    return [f.module for f in FAMILIES
+            if installed(f) and importlib.util.find_spec(f"{f.module}.bench") is not None
+            and _try_import(f"{f.module}.bench")]
