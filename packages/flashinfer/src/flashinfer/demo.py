@@ -4,8 +4,9 @@ Every step runs what a serving engine runs per token: RMSNorm, QKV projection, R
 paged KV cache, batch decode attention over the paged cache, output projection, fused
 add+RMSNorm, gated MLP (SiLU-and-mul), LM head, softmax with temperature and top-p sampling. Each
 op goes through this library when the family providing it is installed and implements it, and
-through plain torch otherwise; the report says which ran where and prints tokens/s. Without a GPU
-the library runs its CPU reference backend (slow, correct), and the demo says so.
+through plain torch otherwise; the report says which ran where and prints tokens/s. Weights are
+stored [out, in] (the nn.Linear layout) and every projection is ``mm_bf16(x, W.T)``. Without a
+GPU the library runs its CPU reference backend (slow, correct), and the demo says so.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def _sample_top_p(probs, top_p, **kw):
     return idx.gather(-1, choice).squeeze(-1).to(torch.int32)
 
 
+def _mm(a, b, bias=None, pdl=False, out=None, out_dtype=None, backend="auto"):
+    return a @ b
+
+
 def _softmax(logits, temperature=None, enable_pdl=None):
     t = 1.0 if temperature is None else temperature
     return torch.softmax(logits.float() / t, -1)
@@ -152,12 +157,12 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
     sample = ops.get("sampling", "top_p_sampling_from_probs", _sample_top_p)
     append = ops.get("page", "append_paged_kv_cache", None)
     Wrapper = ops.get("decode", "BatchDecodeWithPagedKVCacheWrapper", None,
-                      op_name="BatchDecodeWithPagedKVCacheWrapper")
+                      op_name="batch_decode_with_paged_kv_cache")
     use_fi_attention = append is not None and Wrapper is not None
     if not use_fi_attention:
         ops.used["page.append_paged_kv_cache"] = ops.used["decode.BatchDecodeWithPagedKVCacheWrapper"] = \
             "torch (not provided by fi yet)"
-    ops.used["projections (GEMM)"] = "torch.matmul (fi-gemm is not wired into the demo yet)"
+    mm = ops.get("gemm", "mm_bf16", _mm)
 
     H, D, Hk = cfg.heads, cfg.head_dim, cfg.kv_heads
     s = 0.02
@@ -169,13 +174,13 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
         layers.append(dict(
             ln1=gain(),
             ln2=gain(),
-            wqkv=(torch.randn(cfg.hidden, (H + 2 * Hk) * D, device=device) * s).to(dtype),
-            wo=(torch.randn(H * D, cfg.hidden, device=device) * s).to(dtype),
-            wgu=(torch.randn(cfg.hidden, 2 * cfg.intermediate, device=device) * s).to(dtype),
-            wd=(torch.randn(cfg.intermediate, cfg.hidden, device=device) * s).to(dtype),
+            wqkv=(torch.randn((H + 2 * Hk) * D, cfg.hidden, device=device) * s).to(dtype),
+            wo=(torch.randn(cfg.hidden, H * D, device=device) * s).to(dtype),
+            wgu=(torch.randn(2 * cfg.intermediate, cfg.hidden, device=device) * s).to(dtype),
+            wd=(torch.randn(cfg.hidden, cfg.intermediate, device=device) * s).to(dtype),
         ))
     embed = (torch.randn(cfg.vocab, cfg.hidden, device=device) * 0.5).to(dtype)
-    lm_head = (torch.randn(cfg.hidden, cfg.vocab, device=device) * s).to(dtype)
+    lm_head = (torch.randn(cfg.vocab, cfg.hidden, device=device) * s).to(dtype)
     final_ln = torch.ones(cfg.hidden, device=device, dtype=dtype)
 
     total = cfg.prompt + cfg.steps
@@ -202,7 +207,7 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
         for li, L in enumerate(layers):
             if li > 0:
                 fused_add_rmsnorm(x, residual, L["ln1"], 1e-6)
-            qkv = x @ L["wqkv"]
+            qkv = mm(x, L["wqkv"].T)
             q = qkv[:, : H * D].reshape(cfg.batch, H, D)
             k = qkv[:, H * D: (H + Hk) * D].reshape(cfg.batch, Hk, D)
             v = qkv[:, (H + Hk) * D:].reshape(cfg.batch, Hk, D)
@@ -213,12 +218,12 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
                 o = wrapper.run(q, cache.kv[li])
             else:
                 o = _torch_decode_attention(q, k, v, cache, li, step)
-            attn = o.reshape(cfg.batch, H * D) @ L["wo"]
+            attn = mm(o.reshape(cfg.batch, H * D), L["wo"].T)
             fused_add_rmsnorm(attn, residual, L["ln2"], 1e-6)
-            h = silu_and_mul(attn @ L["wgu"])
-            x = h @ L["wd"]
+            h = silu_and_mul(mm(attn, L["wgu"].T))
+            x = mm(h, L["wd"].T)
         fused_add_rmsnorm(x, residual, final_ln, 1e-6)
-        logits = (x @ lm_head).float()
+        logits = mm(x, lm_head.T).float()
         if step + 1 >= cfg.prompt:
             probs = softmax(logits, 0.8)
             tokens = sample(probs, 0.9).long()
