@@ -279,7 +279,8 @@ def run(call) -> None:
     """Adapter for ``fi_attention.prefill.launch.PrefillCall`` (ragged or single prefill).
 
     ``max_qo_len`` is taken from ``call.max_qo_len`` or the plan when the caller provides it;
-    otherwise ``nnz_q`` bounds it (correct, but launches idle CTAs for large batches).
+    otherwise ``nnz_q`` bounds it (correct; the persistent CTAs then walk and skip many empty
+    m-blocks, a small cost per request).
     """
     if getattr(call, "packed_mask", None) is not None:
         raise UnsupportedError("the fa3 kernel does not support custom masks yet")
