@@ -104,3 +104,50 @@ def test_kv_lengths():
 def test_empty_batch():
     plan = plan_decode(np.zeros(0, dtype=np.int64), kv_units=8, sm_count=SM, ctas_per_sm=CTAS)
     assert plan.num_items == 0 and plan.merge_indptr.tolist() == [0]
+
+
+def _wave_efficiency(plan, lens, units, slots):
+    """Busy fraction of the CTA slots when equal chunks run in whole waves."""
+    ctas = plan.num_items * units
+    longest_cta = (plan.work[:, 2] - plan.work[:, 1]).max()
+    return float(np.sum(lens)) * units / (-(-ctas // slots) * slots * longest_cta)
+
+
+@pytest.mark.parametrize("batch,kv,units", [(128, 8192, 8), (64, 4096, 8), (256, 2048, 8),
+                                            (64, 4096, 32)])
+def test_uniform_batches_avoid_a_partial_last_wave(batch, kv, units):
+    # H200: 132 SMs x 3 CTAs. Unsplit, 1024 CTAs are 2.59 waves (86 % busy), 512 are 1.29 (65 %).
+    lens = np.full(batch, kv)
+    plan = plan_decode(lens, kv_units=units, sm_count=132, ctas_per_sm=3)
+    _check_cover(plan, lens)
+    eff = _wave_efficiency(plan, lens, units, 132 * 3)
+    assert eff >= 0.9, (plan.chunk, plan.num_items, eff)
+    assert plan.num_items <= max_items(batch, units, 132, 3)
+
+
+def test_whole_waves_are_not_split():
+    # 1056 CTAs = exactly 2 waves of 132 x 4: splitting only adds merge work
+    plan = plan_decode(np.full(132, 4096), kv_units=8, sm_count=132, ctas_per_sm=4)
+    assert not plan.split
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_planned_chunk_is_no_worse_than_no_split_in_the_model(seed):
+    from fi_attention.decode.planner import _model_time
+    rng = np.random.default_rng(100 + seed)
+    lens = rng.integers(1, 30000, size=int(rng.integers(1, 200)))
+    plan = plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3)
+    _check_cover(plan, lens)
+    longest = int(lens.max())
+    args = (int(lens.sum()), longest, 8, 396)
+    chosen = _model_time(np.array([plan.num_items]), np.array([plan.chunk or longest]), *args)[0]
+    unsplit = _model_time(np.array([len(lens)]), np.array([longest]), *args)[0]
+    assert chosen <= unsplit
+
+
+def test_uniform_plans_are_cached_and_read_only():
+    a = plan_decode(np.full(8, 5000), kv_units=8, sm_count=132, ctas_per_sm=3)
+    b = plan_decode(np.full(8, 5000), kv_units=8, sm_count=132, ctas_per_sm=3)
+    assert a is b and not a.work.flags.writeable
+    c = plan_decode(np.array([5000] * 7 + [4999]), kv_units=8, sm_count=132, ctas_per_sm=3)
+    _check_cover(c, [5000] * 7 + [4999])

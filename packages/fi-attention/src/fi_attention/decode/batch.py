@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import weakref
 from typing import Optional
 
@@ -19,7 +20,24 @@ try:  # the raw cudaStream_t of torch's current stream, without building a Strea
 except AttributeError:  # pragma: no cover - CPU-only torch builds
     _raw_stream = current_stream
 
-from ..kv import check_kv_layout, unpack_paged_kv_cache
+_compiling = torch.compiler.is_compiling
+_CHECK_KNOB = knobs.KNOBS["FI_CHECK_INPUTS"]
+_CHECK_VARS = (_CHECK_KNOB.name, *_CHECK_KNOB.aliases)
+_CHECK_DEFAULT_OFF = _CHECK_KNOB.default in (None, "", "0")
+
+
+def _check_inputs() -> bool:
+    """knobs.check_inputs() in ~0.3 us when the variable is unset (the production case)."""
+    if _CHECK_DEFAULT_OFF and not any(os.environ.get(v) for v in _CHECK_VARS):
+        return False
+    return bool(knobs.check_inputs())
+
+
+# is_capturing() without the torch.cuda.is_available() probe on CUDA builds (dynamo knows both).
+_capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else is_capturing
+
+
+from ..kv import check_kv_layout, unpack_paged_kv_cache  # noqa: E402
 from ..reference import batch_decode_reference
 from . import common
 from .launch import DecodeArgs, page_shift
@@ -27,6 +45,9 @@ from .planner import kv_lengths, max_items, plan_decode
 from .spec import heads_per_cta, select_spec
 
 _OCCUPANCY: dict = {}
+# plan() signature -> backend name, and -> (kernel name, module, launch fn, CTAs per SM, SMs)
+_IMPL_CACHE: dict = {}
+_MODULE_CACHE: dict = {}
 
 
 def _ctas_per_sm(mod) -> int:
@@ -161,15 +182,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if batch < 0 or h_last.shape[0] != batch:
             raise InputError(f"indptr must have batch + 1 entries and last_page_len batch entries, "
                              f"got {h_indptr.shape[0]} and {h_last.shape[0]}")
-        if batch and (h_indptr[0] != 0 or np.any(np.diff(h_indptr) < 0)):
+        # A handful of numpy reductions (each ~1 us): plan() must stay in the tens of microseconds.
+        pages = np.diff(h_indptr)
+        if batch and (h_indptr[0] != 0 or pages.min() < 0):
             raise InputError(f"indptr must start at 0 and be non-decreasing, got {h_indptr.tolist()[:16]}")
         if batch and h_indptr[-1] > indices.numel():
             raise InputError(f"indptr[-1] = {h_indptr[-1]} exceeds the {indices.numel()} page indices")
-        pages = np.diff(h_indptr)
-        bad = (pages > 0) & ((h_last < 1) | (h_last > page_size))
-        if np.any(bad):
-            i = int(np.nonzero(bad)[0][0])
-            raise InputError(f"last_page_len must be in [1, page_size={page_size}]; request {i} has {h_last[i]}")
+        if batch and (h_last.min() < 1 or h_last.max() > page_size):
+            # slow path: a request without pages may carry any last_page_len
+            bad = (pages > 0) & ((h_last < 1) | (h_last > page_size))
+            if np.any(bad):
+                i = int(np.nonzero(bad)[0][0])
+                raise InputError(f"last_page_len must be in [1, page_size={page_size}]; request {i} has {h_last[i]}")
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise InputError(f"this CUDA-graph wrapper was built for batch {self._fixed_batch}, got {batch}")
 
@@ -182,33 +206,43 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._rope_scale = 1.0 if rope_scale is None else float(rope_scale)
         self._rope_theta = 1e4 if rope_theta is None else float(rope_theta)
         self._batch = batch
+        self._q_shape = torch.Size((batch, num_qo_heads, head_dim))
+        self._kv_last = None
         self._h_indptr, self._h_last = h_indptr, h_last
         self._indices_in = indices
         self._planned = True
         if self._device.type != "cuda":
             self._impl = "reference"
             return
-        self._impl = common.BATCH_DECODE.choose(
-            self._device, q_dtype, requested=self._backend, head_dim=head_dim, kv_dtype=kv_dtype).name
+        key = (self._device, q_dtype, kv_dtype, head_dim, self._backend)
+        impl = _IMPL_CACHE.get(key)
+        if impl is None:
+            impl = _IMPL_CACHE[key] = common.BATCH_DECODE.choose(
+                self._device, q_dtype, requested=self._backend, head_dim=head_dim, kv_dtype=kv_dtype).name
+        self._impl = impl
         if self._impl != "cuda":
             return
         self._plan_cuda(indptr, indices, last_page_len, group, fixed_split_size, disable_split_kv,
-                        non_blocking)
+                        non_blocking, pages)
 
     def _plan_cuda(self, indptr, indices, last_page_len, group, fixed_split_size, disable_split_kv,
-                   non_blocking):
+                   non_blocking, pages):
         dev = self._device
-        gh = heads_per_cta(group)
-        spec = select_spec(self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0,
-                           arch_of(dev), self._kernel)
-        self._kernel_name = spec.name
-        mod = load(spec)
-        self._mod_launch = mod.fn("fi_batch_decode").raw
+        key = (dev, self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0, self._kernel)
+        mk = _MODULE_CACHE.get(key)
+        if mk is None:  # spec hashing, module load and occupancy query: once per signature
+            spec = select_spec(self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0,
+                               arch_of(dev), self._kernel)
+            mod = load(spec)
+            sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
+            mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm)
+        self._kernel_name, mod, self._mod_launch, ctas, sm = mk
         self._mod = mod
-        kv_units = self._hkv * (group // gh)
-        sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
-        ctas = _ctas_per_sm(mod)
-        lens = kv_lengths(self._h_indptr, self._h_last, self._ps)
+        kv_units = self._hkv * (group // heads_per_cta(group))
+        if self._batch and pages.min() > 0:  # every request has pages: no zero-length special case
+            lens = pages.astype(np.int64) * self._ps - (self._ps - self._h_last)
+        else:
+            lens = kv_lengths(self._h_indptr, self._h_last, self._ps)
         if self._use_cuda_graph and self._capacity is None:
             self._capacity = max_items(self._batch, kv_units, sm, ctas)
         fixed = fixed_split_size * self._ps if fixed_split_size else None
@@ -241,11 +275,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._int_ws = torch.empty(size, dtype=torch.int32, device=dev)
             # A ring of pinned mirrors: plan() may be called again while an earlier upload is
             # still queued behind GPU work; it only waits if the ring has wrapped around.
-            self._ring = [[torch.empty(size, dtype=torch.int32, pin_memory=True), None] for _ in range(4)]
+            self._ring = [[torch.empty(size, dtype=torch.int32, pin_memory=True), torch.cuda.Event(), False]
+                          for _ in range(4)]
             self._ring_pos = 0
         slot = self._ring[self._ring_pos]
         self._ring_pos = (self._ring_pos + 1) % len(self._ring)
-        if slot[1] is not None:
+        if slot[2]:
             slot[1].synchronize()
         host_t = slot[0]
         host = host_t.numpy()
@@ -257,8 +292,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             host[off_last: off_last + B] = self._h_last
             host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
         self._int_ws[:n_int].copy_(host_t[:n_int], non_blocking=True)
-        slot[1] = torch.cuda.Event()
         slot[1].record()
+        slot[2] = True
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
         def dev_table(src, buf):
@@ -270,19 +305,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 return buf
             return src if src.device == dev else src.to(dev, non_blocking=non_blocking)
 
-        if stage:
-            self._d_indptr = self._int_ws[off_indptr: off_indptr + B + 1]
-            self._d_last = self._int_ws[off_last: off_last + B]
-            self._d_indices = self._int_ws[off_idx: off_idx + nnz]
-        else:
-            self._d_indptr = dev_table(indptr, self._indptr_buf)
-            self._d_indices = dev_table(indices, self._indices_buf)
-            self._d_last = dev_table(last_page_len, self._last_buf)
-        self._plan = plan
         base = self._int_ws.data_ptr()
         a = DecodeArgs()
-        a.kv_indptr, a.kv_indices = self._d_indptr.data_ptr(), self._d_indices.data_ptr()
-        a.kv_last_page_len = self._d_last.data_ptr()
+        if stage:  # addresses inside the metadata buffer; the tensor view is made only if needed
+            self._d_indices = None
+            self._staged_indices = (off_idx, nnz)
+            a.kv_indptr, a.kv_indices = base + 4 * off_indptr, base + 4 * off_idx
+            a.kv_last_page_len = base + 4 * off_last
+        else:
+            self._d_indices = dev_table(indices, self._indices_buf)
+            a.kv_indptr = dev_table(indptr, self._indptr_buf).data_ptr()
+            a.kv_indices = self._d_indices.data_ptr()
+            a.kv_last_page_len = dev_table(last_page_len, self._last_buf).data_ptr()
+        self._plan = plan
         a.work, a.num_work, a.merge_indptr = base, base + cap * 16, base + cap * 16 + 16
         a.part_o = self._float_ws.data_ptr()
         a.part_lse = a.part_o + slots * self._hq * self._d * 4
@@ -307,23 +342,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
         float32, base 2). Launch only: no synchronisation, no host copies."""
         if not self._planned:
             raise InputError("run() called before plan()")
-        if not self._use_cuda_graph and is_capturing():
+        # The fast path below costs ~2 us of Python: one signature compare per tensor, no torch
+        # ops besides data_ptr()/stride(); knobs were read at plan() time.
+        if not self._use_cuda_graph and _capturing():
             raise InputError("run() is being captured into a CUDA graph but this wrapper was built "
                              "with use_cuda_graph=False: its plan() buffers may move. Build it with "
                              "use_cuda_graph=True and fixed paged_kv_*_buffer tensors")
-        if not isinstance(q, torch.Tensor) or q.dtype != self._q_dtype:
-            raise InputTypeError(f"q must be a {self._q_dtype} tensor (the planned q_data_type), "
-                                 f"got {q.dtype if isinstance(q, torch.Tensor) else type(q).__name__}")
-        if q.dim() != 3 or q.shape[0] != self._batch or q.shape[1] != self._hq or q.shape[2] != self._d:
+        if type(q) is not torch.Tensor or q.dtype != self._q_dtype:
+            if not isinstance(q, torch.Tensor) or q.dtype != self._q_dtype:
+                raise InputTypeError(f"q must be a {self._q_dtype} tensor (the planned q_data_type), "
+                                     f"got {q.dtype if isinstance(q, torch.Tensor) else type(q).__name__}")
+        if q.shape != self._q_shape:
             raise InputError(f"q must have shape [{self._batch}, {self._hq}, {self._d}] (batch, "
                              f"num_qo_heads, head_dim as planned), got {tuple(q.shape)}")
         kv = self._kv_view(paged_kv_cache)
-        sm_mul = common.scale_value("q_scale", q_scale)
-        ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
+        sm_mul = 1.0 if q_scale is None else common.scale_value("q_scale", q_scale)
+        ks = 1.0 if k_scale is None else common.scale_value("k_scale", k_scale)
+        vs = 1.0 if v_scale is None else common.scale_value("v_scale", v_scale)
         wl = self._window_left if window_left is None else int(window_left)
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        elif out.dtype != q.dtype or out.shape != self._q_shape or out.stride(-1) != 1:
             raise InputError(f"out must be {q.dtype} {tuple(q.shape)} with a contiguous last dim, "
                              f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
         if return_lse and lse is None:
@@ -332,9 +371,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                 or not lse.is_contiguous()):
             raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor, "
                              f"got {lse.dtype} {tuple(lse.shape)}")
-        if knobs.check_inputs():
+        if _check_inputs():
             self._check_pages(kv[4])
-        if torch.compiler.is_compiling():
+        if _compiling():
             cache_a, cache_b = (paged_kv_cache, None) if isinstance(paged_kv_cache, torch.Tensor) \
                 else tuple(paged_kv_cache)
             torch.ops.fi_attention.batch_decode_run(out, lse, q, cache_a, cache_b, id(self), sm_mul, ks, vs, wl)
@@ -381,14 +420,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def _launch(self, q, kv, sm_mul, ks, vs, wl, out, lse):
         qs = q.stride()
-        if qs[2] != 1 or q.data_ptr() % 16 or qs[0] % 8 or qs[1] % 8:
+        qp = q.data_ptr()
+        if qs[2] != 1 or qp % 16 or qs[0] % 8 or qs[1] % 8:
             raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {qs}")
         if q.get_device() != self._dev_index:
             raise InputError(f"q is on cuda:{q.get_device()} but the workspace on cuda:{self._dev_index}")
         a = self._args
-        a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), qs[0], qs[1]
-        a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head), a.v, \
-            (a.v_stride_page, a.v_stride_tok, a.v_stride_head) = kv[0], kv[1], kv[2], kv[3]
+        a.q, a.q_stride_b, a.q_stride_h = qp, qs[0], qs[1]
+        if kv is not self._kv_last:  # the same cache as the previous call: its fields are set
+            a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head), a.v, \
+                (a.v_stride_page, a.v_stride_tok, a.v_stride_head) = kv[0], kv[1], kv[2], kv[3]
+            self._kv_last = kv
         os_ = out.stride()
         a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), os_[0], os_[1]
         a.lse = 0 if lse is None else lse.data_ptr()
@@ -400,7 +442,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise self._mod.error(rc, "fi_batch_decode")
 
     def _check_pages(self, num_pages: int) -> None:
-        table = self._d_indices if self._impl == "cuda" else self._indices_in
+        if self._impl == "cuda":
+            table = self._d_indices
+            if table is None:
+                off, nnz = self._staged_indices
+                table = self._int_ws[off: off + nnz]
+        else:
+            table = self._indices_in
         used = table[: int(self._h_indptr[-1])] if self._batch else table[:0]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
             raise InputError(f"page indices must be in [0, {num_pages}) (the cache's page count), "

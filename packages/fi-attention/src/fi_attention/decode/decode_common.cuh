@@ -146,31 +146,55 @@ __device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& 
 
 // One warp per (request, head): combines the request's partial states (base-2 LSE) into out.
 // Requests whose slot range is empty were written directly by the decode kernel.
+// The partials were just written, so they sit in L2: the cost is latency, not bandwidth. A loop
+// that loads one slot per iteration pays one L2 round trip per slot (a single request split
+// 49 ways paid ~15 us); here MU slots' loads are issued before any is used.
 template <typename OT, int D>
 __global__ void __launch_bounds__(128) merge_partials_kernel(
     const float* __restrict__ part_o, const float* __restrict__ part_lse,
     const int* __restrict__ indptr, int hq, OT* out, int64_t o_sb, int64_t o_sh, float* lse) {
-  constexpr int E = D / 32;
+  constexpr int E = D / 32;  // 2, 4 or 8 contiguous floats per lane
+  constexpr int MU = 8;
+  static_assert(E % 2 == 0, "float2 granularity");
   const int b = blockIdx.x;
   const int h = blockIdx.y * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (h >= hq) return;
   const int lo = indptr[b], n = indptr[b + 1] - lo;
   if (n <= 0) return;
+  const float* lse_p = part_lse + int64_t(lo) * hq + h;
   float mx = fi::kNegInf;
-  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, part_lse[int64_t(lo + s) * hq + h]);
+  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, lse_p[int64_t(s) * hq]);
   mx = fi::warp_max(mx);
   float acc[E], sum = 0.f;
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   if (mx != fi::kNegInf) {
-    for (int s = 0; s < n; ++s) {
-      const int64_t slot = int64_t(lo + s) * hq + h;
-      const float w = fi::exp2_approx(part_lse[slot] - mx);
-      sum += w;
-      const float* src = part_o + slot * D + lane * E;
+    for (int s = lane; s < n; s += 32) sum += fi::exp2_approx(lse_p[int64_t(s) * hq] - mx);
+    sum = fi::warp_sum(sum);
+    const float* o_p = part_o + (int64_t(lo) * hq + h) * D + lane * E;
+    for (int s0 = 0; s0 < n; s0 += MU) {
+      float2 v[MU][E / 2];
+      float w[MU];
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] = fmaf(w, src[e], acc[e]);
+      for (int u = 0; u < MU; ++u) {  // all loads first: MU independent L2 round trips overlap
+        const int s = min(s0 + u, n - 1);
+        w[u] = lse_p[int64_t(s) * hq];
+        const float2* src = reinterpret_cast<const float2*>(o_p + int64_t(s) * hq * D);
+#pragma unroll
+        for (int e = 0; e < E / 2; ++e) v[u][e] = src[e];
+      }
+#pragma unroll
+      for (int u = 0; u < MU; ++u) {
+        // a repeated (clamped) slot gets weight exp2(-inf) = 0 (a select, not a branch, so
+        // the MU loads above stay in one basic block and are all issued before the first use)
+        const float wu = fi::exp2_approx((s0 + u < n ? w[u] : fi::kNegInf) - mx);
+#pragma unroll
+        for (int e = 0; e < E / 2; ++e) {
+          acc[2 * e] = fmaf(wu, v[u][e].x, acc[2 * e]);
+          acc[2 * e + 1] = fmaf(wu, v[u][e].y, acc[2 * e + 1]);
+        }
+      }
     }
   }
   OT* dst = out + b * o_sb + h * o_sh + lane * E;

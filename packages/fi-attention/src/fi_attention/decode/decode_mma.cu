@@ -50,6 +50,7 @@ constexpr int KD = D / 4;       // K elements per lane per token
 constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
 constexpr int KBYTES = KD * int(sizeof(KVT));
+constexpr int TILES = KV8 ? 2 : 1;
 constexpr int VBYTES = VD * int(sizeof(KVT));
 
 using Params = fi_attn::DecodeParams<QT, KVT>;
@@ -82,13 +83,19 @@ __device__ __forceinline__ void to_pairs(const Raw<N * int(sizeof(KVT))>& r, uin
   if constexpr (!KV8) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) out[i] = r.w[i];
-  } else {
-    constexpr __nv_fp8_interpretation_t kind =
-        std::is_same_v<KVT, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  } else if constexpr (std::is_same_v<KVT, __nv_fp8_e5m2>) {
+    // e5m2 is the high byte of an f16 (same exponent bias, mantissa cut to 2 bits): one byte
+    // permute per pair, exact for every value, no conversion unit (sm_80 has no fp8 cvt).
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] & 0xffffu), kind);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] >> 16), kind);
+      out[2 * i] = __byte_perm(r.w[i], 0u, 0x1404u);      // bytes {0, b0, 0, b1}
+      out[2 * i + 1] = __byte_perm(r.w[i], 0u, 0x3424u);  // bytes {0, b2, 0, b3}
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {  // cvt.rn.f16x2.e4m3x2: one instruction per pair on sm_89+
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] & 0xffffu), __NV_E4M3);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] >> 16), __NV_E4M3);
       out[2 * i] = uint32_t(lo.x) | (uint32_t(lo.y) << 16);
       out[2 * i + 1] = uint32_t(hi.x) | (uint32_t(hi.y) << 16);
     }
@@ -170,81 +177,93 @@ __global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) 
 
   const KVT* kb = p.k + kvh * p.k_sh + c * KD;
   const KVT* vb = p.v + kvh * p.v_sh + g * VD;
-  for (int base = lo + warp * 16; base < hi; base += NW * 16) {
+  // 16-token tiles per warp iteration. Loads of all tiles are issued before any is used: a warp
+  // has KD*2 + VD*4 cache elements per tile in flight; fp8 halves those bytes, so it takes two
+  // tiles to keep ~8 KB per warp (~96 KB per SM at 3 CTAs) in flight, which HBM3e needs.
+  for (int base0 = lo + warp * 16 * TILES; base0 < hi; base0 += NW * 16 * TILES) {
     // Rows past `hi` load the last valid row instead (no branch, no fault); their scores are
     // masked to -inf, so their probabilities are exactly 0.
-    Raw<KBYTES> rk[2];
-    Raw<VBYTES> rv[4];
+    Raw<KBYTES> rk[TILES][2];
+    Raw<VBYTES> rv[TILES][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      int off;
-      const int64_t pid = fi_attn::page_of(p, page_lo, min(base + 8 * i + g, hi - 1), off);
-      rk[i].load(kb + pid * p.k_sp + off * p.k_st);
-    }
+    for (int tile = 0; tile < TILES; ++tile) {
+      const int base = base0 + 16 * tile;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int off;
-      const int t = base + 2 * c + (j & 1) + 8 * (j >> 1);
-      const int64_t pid = fi_attn::page_of(p, page_lo, min(t, hi - 1), off);
-      rv[j].load(vb + pid * p.v_sp + off * p.v_st);
-    }
-    float s[2][4];
+      for (int i = 0; i < 2; ++i) {
+        int off;
+        const int64_t pid = fi_attn::page_of(p, page_lo, min(base + 8 * i + g, hi - 1), off);
+        rk[tile][i].load(kb + pid * p.k_sp + off * p.k_st);
+      }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      uint32_t kw[KD / 2];
-      to_pairs<KD>(rk[i], kw);
-#pragma unroll
-      for (int st = 0; st < KSTEPS; ++st) mma(s[i], qa[st][0], 0u, qa[st][1], 0u, kw[2 * st], kw[2 * st + 1]);
-    }
-    // Scores of row g: s[i][e] is token base + 8i + 2c + e.
-    float x[4];
-    float mx = m;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = base + 8 * i + 2 * c + e;
-        float v = s[i][e] * p.q_mul;
-        if constexpr (SOFTCAP) v = p.cap_mul * tanhf(v);
-        if constexpr (POS == 2) v += slope * float(t - qpos);
-        v = t < hi ? v : fi::kNegInf;
-        x[2 * i + e] = v;
-        mx = fmaxf(mx, v);
+      for (int j = 0; j < 4; ++j) {
+        int off;
+        const int t = base + 2 * c + (j & 1) + 8 * (j >> 1);
+        const int64_t pid = fi_attn::page_of(p, page_lo, min(t, hi - 1), off);
+        rv[tile][j].load(vb + pid * p.v_sp + off * p.v_st);
       }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 2));
-    // token `base` < hi is visible, so mx is finite
-    const float corr = fi::exp2_approx(m - mx);
-    m = mx;
-    float pr[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) pr[k] = fi::exp2_approx(x[k] - mx);
-    l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
-    // Columns 2c, 2c+1 of O^T are heads 2c, 2c+1: their corrections live in S rows 2c, 2c+1.
-    const float corr0 = __shfl_sync(fi::kFullMask, corr, 8 * c);
-    const float corr1 = __shfl_sync(fi::kFullMask, corr, 8 * c + 4);
+    for (int tile = 0; tile < TILES; ++tile) {
+      const int base = base0 + 16 * tile;
+      float s[2][4];
 #pragma unroll
-    for (int i = 0; i < MTILES; ++i) {
-      o[i][0] *= corr0;
-      o[i][1] *= corr1;
-      o[i][2] *= corr0;
-      o[i][3] *= corr1;
-    }
-    const uint32_t pb0 = pack(pr[0], pr[1]);  // P^T[tokens 2c, 2c+1][head g]
-    const uint32_t pb1 = pack(pr[2], pr[3]);  // P^T[tokens 8+2c, 9+2c][head g]
-    uint32_t vw[4][VD / 2];
+      for (int i = 0; i < 2; ++i) {
+        s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        uint32_t kw[KD / 2];
+        to_pairs<KD>(rk[tile][i], kw);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) to_pairs<VD>(rv[j], vw[j]);
+        for (int st = 0; st < KSTEPS; ++st) mma(s[i], qa[st][0], 0u, qa[st][1], 0u, kw[2 * st], kw[2 * st + 1]);
+      }
+      // Scores of row g: s[i][e] is token base + 8i + 2c + e.
+      float x[4];
+      float mx = m;
 #pragma unroll
-    for (int i = 0; i < MTILES; ++i) {
-      // element 2i (row g) in the low halves, 2i + 1 (row g + 8) in the high halves
-      const uint32_t a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
-      const uint32_t a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
-      const uint32_t a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
-      const uint32_t a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
-      mma(o[i], a0, a1, a2, a3, pb0, pb1);
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = base + 8 * i + 2 * c + e;
+          float v = s[i][e] * p.q_mul;
+          if constexpr (SOFTCAP) v = p.cap_mul * tanhf(v);
+          if constexpr (POS == 2) v += slope * float(t - qpos);
+          v = t < hi ? v : fi::kNegInf;
+          x[2 * i + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(fi::kFullMask, mx, 2));
+      // token base0 < hi is visible (tile 0), so mx is finite; a later tile wholly past hi keeps
+      // mx = m, corr = 1 and p = 0
+      const float corr = fi::exp2_approx(m - mx);
+      m = mx;
+      float pr[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) pr[k] = fi::exp2_approx(x[k] - mx);
+      l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+      // Columns 2c, 2c+1 of O^T are heads 2c, 2c+1: their corrections live in S rows 2c, 2c+1.
+      const float corr0 = __shfl_sync(fi::kFullMask, corr, 8 * c);
+      const float corr1 = __shfl_sync(fi::kFullMask, corr, 8 * c + 4);
+#pragma unroll
+      for (int i = 0; i < MTILES; ++i) {
+        o[i][0] *= corr0;
+        o[i][1] *= corr1;
+        o[i][2] *= corr0;
+        o[i][3] *= corr1;
+      }
+      const uint32_t pb0 = pack(pr[0], pr[1]);  // P^T[tokens 2c, 2c+1][head g]
+      const uint32_t pb1 = pack(pr[2], pr[3]);  // P^T[tokens 8+2c, 9+2c][head g]
+      uint32_t vw[4][VD / 2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) to_pairs<VD>(rv[tile][j], vw[j]);
+#pragma unroll
+      for (int i = 0; i < MTILES; ++i) {
+        // element 2i (row g) in the low halves, 2i + 1 (row g + 8) in the high halves
+        const uint32_t a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+        const uint32_t a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+        const uint32_t a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+        const uint32_t a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
+        mma(o[i], a0, a1, a2, a3, pb0, pb1);
+      }
     }
   }
   l += __shfl_xor_sync(fi::kFullMask, l, 1);

@@ -1,10 +1,16 @@
 """Split-KV planning for batch decode: pure Python/numpy, no device access.
 
-Decode reads every K/V row once, so its time is bytes / bandwidth only if every SM streams. A
-batch with fewer (request x kv-head) CTAs than the GPU holds at once leaves SMs idle; the planner
-then cuts long requests into chunks of at most ``chunk`` tokens (equal sizes, the last one
-shorter) so that the number of CTAs reaches one full wave of resident CTAs. Each chunk writes a
-partial (o, lse) into the float workspace; a merge kernel combines a request's partials.
+Decode reads every K/V row once, so its time is bytes / bandwidth only if every SM streams until
+the end. Two things break that: a batch with fewer (request x kv-head) CTAs than the GPU holds at
+once leaves SMs idle, and a grid of equal long CTAs that is not a whole number of waves leaves
+the GPU partly idle during its last wave (1024 CTAs on 396 slots = 2.59 waves: the third wave
+runs 59 % full and the kernel reaches 86 % of the bandwidth, which is what the H200 measured).
+
+The planner therefore cuts requests into chunks of at most ``chunk`` tokens (equal sizes, the
+last one shorter) and picks the chunk with the smallest modelled time (see :func:`_model_time`):
+waves x chunk, plus a per-CTA cost for its prologue/epilogue and, when anything is split, the
+merge. Each chunk writes a partial (o, lse) into the float workspace; a merge kernel combines a
+request's partials.
 
 A work item is ``(request, token_begin, token_end, slot)``; ``slot`` is -1 for a request that is
 not split (the decode kernel writes the output directly) and otherwise indexes the partial
@@ -13,6 +19,7 @@ buffers. ``merge_indptr[b]:merge_indptr[b+1]`` are request b's slots (empty when
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +29,15 @@ import numpy as np
 MIN_CHUNK_TOKENS = 256
 # Chunk sizes are multiples of this, so a CTA's last tile is rarely a partial one.
 CHUNK_ALIGN = 16
+# Model costs in "tokens one CTA streams" (~22 tokens/us per CTA at 4.5 TB/s on 396 CTAs, bf16
+# head_dim 128): a CTA's prologue (dependent loads work -> indptr -> page -> first K row) and
+# epilogue, partly hidden by the other CTAs of its SM; and the merge kernel (launch + L2 reads).
+CTA_COST_TOKENS = 24
+MERGE_COST_TOKENS = 64
+# Most waves the automatic split goes to; bounds the work items (CUDA-graph capacity).
+MAX_WAVES = 12
+# Candidate chunk counts of the longest request (its chunks decide the critical path).
+MAX_PIECES = 32
 
 
 @dataclass(frozen=True)
@@ -41,9 +57,27 @@ def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) ->
 
 
 def max_items(batch: int, kv_units: int, sm_count: int, ctas_per_sm: int) -> int:
-    """Upper bound on work items the planner can produce for a batch (CUDA-graph capacity)."""
-    target = max(1, (sm_count * ctas_per_sm) // max(kv_units, 1))
-    return batch + target
+    """Upper bound on work items the automatic planner produces for a batch (CUDA-graph
+    capacity): one per request, plus at most MAX_WAVES waves of chunks."""
+    return batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
+
+
+def _wave_items(kv_units: int, sm_count: int, ctas_per_sm: int) -> int:
+    return max(1, (sm_count * ctas_per_sm) // max(kv_units, 1))
+
+
+def _model_time(items: np.ndarray, chunks: np.ndarray, total: int, longest: int, kv_units: int,
+                slots: int) -> np.ndarray:
+    """Modelled kernel time (in tokens one CTA streams) of candidate chunks given their item counts.
+
+    Equal CTAs run in ceil(ctas / slots) waves of the longest CTA; unequal ones are bounded by
+    greedy list scheduling (total / slots + longest CTA). Both are upper bounds: take the smaller.
+    """
+    ctas = items * kv_units
+    cta = np.minimum(chunks, longest) + CTA_COST_TOKENS
+    waves = -(-ctas // slots) * cta
+    greedy = (total * kv_units + ctas * CTA_COST_TOKENS) / slots + cta
+    return np.minimum(waves, greedy) + np.where(chunks < longest, MERGE_COST_TOKENS, 0)
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,
@@ -66,42 +100,66 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
         FlashInfer's page count to tokens).
     capacity : int, optional
         Most work items allowed (CUDA-graph mode); the automatic chunk grows to respect it.
+
+    Examples
+    --------
+    >>> p = plan_decode(np.full(128, 8192), kv_units=8, sm_count=132, ctas_per_sm=3)
+    >>> p.split, p.num_items   # 1024 CTAs = 2.59 waves -> 5 chunks each: 5120 CTAs = 12.9 waves
+    (True, 640)
     """
     kv_lens = np.asarray(kv_lens, dtype=np.int64)
     batch = int(kv_lens.shape[0])
-    total = int(kv_lens.sum())
     longest = int(kv_lens.max()) if batch else 0
-    wave_items = max(1, (sm_count * ctas_per_sm) // max(kv_units, 1))
+    if batch and int(kv_lens.min()) == longest:  # uniform batches (benchmarks, padded serving)
+        return _uniform_plan(batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
+                             fixed_split_size, capacity)
+    return _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
+                 fixed_split_size, capacity)
+
+
+@functools.lru_cache(maxsize=1024)
+def _uniform_plan(batch, length, kv_units, sm_count, ctas_per_sm, disable_split_kv,
+                  fixed_split_size, capacity) -> DecodePlan:
+    """A uniform batch's plan depends on scalars only: computed once, arrays made read-only."""
+    plan = _plan(np.full(batch, length, dtype=np.int64), batch, length, kv_units, sm_count,
+                 ctas_per_sm, disable_split_kv, fixed_split_size, capacity)
+    plan.work.flags.writeable = False
+    plan.merge_indptr.flags.writeable = False
+    return plan
+
+
+def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
+          fixed_split_size, capacity) -> DecodePlan:
     chunk = 0
     if fixed_split_size is not None and fixed_split_size > 0 and not disable_split_kv:
         chunk = int(fixed_split_size)
-    elif not disable_split_kv and batch < wave_items and longest > MIN_CHUNK_TOKENS:
-        # The smallest chunk whose items fit in one wave: every CTA then runs concurrently and
-        # the kernel takes one chunk's time. (Rounding a balanced chunk down and letting the
-        # per-request ceil spill into a second, mostly empty wave would double the time.)
-        limit = wave_items if capacity is None else min(wave_items, capacity)
-
-        def items(c: int) -> int:
-            return int(np.sum(np.maximum(1, -(-kv_lens // c))))
-
-        def align(c: int) -> int:
-            return max(MIN_CHUNK_TOKENS, -(-c // CHUNK_ALIGN) * CHUNK_ALIGN)
-
-        # hi_c always fits: no request needs more than limit // batch chunks of it.
-        hi_c = align(-(-longest // max(1, limit // batch)))
-        lo_c = align(-(-total // limit))  # no chunk below this can fit
-        if items(lo_c) <= limit:
-            hi_c = lo_c
-        # A few bisection steps (plan() must stay cheap); within ~6 % of the best is enough.
-        for _ in range(8):
-            if hi_c - lo_c <= max(CHUNK_ALIGN, lo_c // 16):
-                break
-            mid = align((lo_c + hi_c) // 2)
-            if items(mid) <= limit:
-                hi_c = mid
-            else:
-                lo_c = mid
-        chunk = hi_c
+    elif not disable_split_kv and longest > MIN_CHUNK_TOKENS:
+        slots = max(1, sm_count * ctas_per_sm)
+        limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
+        if capacity is not None:
+            limit = min(limit, capacity)
+        # Candidates: the longest request in k = 1..MAX_PIECES equal pieces (k = 1: no split),
+        # and the chunks that make the whole batch exactly w = 1..MAX_WAVES waves.
+        k = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
+        w = np.arange(1, MAX_WAVES + 1, dtype=np.int64)
+        total = int(kv_lens.sum())
+        raw = np.concatenate((-(-longest // k), -(-total // (w * (slots // max(kv_units, 1) or 1)))))
+        cands = np.maximum(MIN_CHUNK_TOKENS, -(-raw // CHUNK_ALIGN) * CHUNK_ALIGN)
+        cands = np.unique(np.concatenate((np.minimum(cands, longest), [longest])))
+        if kv_lens.min() == longest:  # uniform batch: no [candidates, batch] matrix
+            items = batch * -(-longest // cands)
+        else:  # float64 division of integers < 2^53 is exact where it matters (multiples)
+            m = np.divide(np.maximum(kv_lens, 1).astype(np.float64)[None, :], cands[:, None])
+            np.ceil(m, out=m)
+            items = m.sum(axis=1).astype(np.int64)
+        ok = items <= limit
+        if ok.any():
+            cost = _model_time(items, cands, total, longest, kv_units, slots)
+            cost = np.where(ok, cost, np.inf)
+            # ties go to the larger chunk (fewer items, less merge traffic)
+            chunk = int(cands[len(cands) - 1 - int(np.argmin(cost[::-1]))])
+        else:  # only reachable with a tiny capacity: the coarsest chunk that fits
+            chunk = longest
     if chunk and chunk >= longest:
         chunk = 0
     if not chunk:  # the common large-batch case: one item per request, written directly

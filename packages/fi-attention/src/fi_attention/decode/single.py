@@ -15,12 +15,11 @@ import torch
 
 from fi_core import arch_of, device_info, load
 from fi_core.errors import InputError, InputTypeError
-from fi_core.launch import current_stream
 
 from ..kv import check_kv_layout
 from ..reference import attention_reference
 from . import common
-from .batch import _ctas_per_sm
+from .batch import _ctas_per_sm, _raw_stream
 from .launch import DecodeArgs
 from .planner import plan_decode
 from .spec import heads_per_cta, select_spec
@@ -123,7 +122,12 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
         hkv, kv_len, d = k.shape
     hq = q.shape[0]
     group = hq // hkv
-    backend = common.SINGLE_DECODE.choose(q.device, q.dtype, head_dim=d, kv_dtype=k.dtype).name
+    dev = q.device
+    key = (dev, q.dtype, k.dtype, d, hq, hkv, kv_len, pos_encoding_mode, cap > 0, bool(use_tensor_cores))
+    st = _STATE.get(key)
+    if st is None:
+        st = _STATE[key] = _single_state(key)
+    backend, launch, meta_ptr, plan, off_merge, off_tab, mod, _meta = st
     if backend != "cuda":
         kn, vn = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
         o, s = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
@@ -134,31 +138,29 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
         if lse is not None:
             lse.copy_(s[0])
         return
-    for name, t in (("k", k), ("v", v)):
-        es = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(0) * es) % 16 or (t.stride(1) * es) % 16:
-            raise InputError(f"{name} rows must be contiguous and 16-byte aligned, got strides {t.stride()}")
-    if q.stride(-1) != 1 or q.data_ptr() % 16 or q.stride(0) % 8:
-        raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {q.stride()}")
-    gh = heads_per_cta(group)
-    mod = load(select_spec(q.dtype, k.dtype, d, group, pos_encoding_mode, cap > 0, arch_of(q.device),
-                           "tensor-core" if use_tensor_cores else "auto"))
-    sm = device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).sm_count
-    meta, plan, off_merge, off_tab = _single_meta(q.device, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
-    part = torch.empty(max(plan.num_slots, 1) * hq * (d + 1), dtype=torch.float32, device=q.device)
+    ks_, vs_, qs_ = k.stride(), v.stride(), q.stride()
+    es = k.element_size()
+    for name, t, st_ in (("k", k, ks_), ("v", v, vs_)):
+        if st_[2] != 1 or t.data_ptr() % 16 or (st_[0] * es) % 16 or (st_[1] * es) % 16:
+            raise InputError(f"{name} rows must be contiguous and 16-byte aligned, got strides {st_}")
+    if qs_[1] != 1 or q.data_ptr() % 16 or qs_[0] % 8:
+        raise InputError(f"q rows must be contiguous and 16-byte aligned, got strides {qs_}")
+    # partial states only when the plan splits (a fresh allocation: stream-ordered, never shared)
+    part = torch.empty(plan.num_slots * hq * (d + 1), dtype=torch.float32, device=dev) if plan.split else None
     tok_dim, head_dim_ = (0, 1) if kv_layout == "NHD" else (1, 0)
     a = DecodeArgs()
-    a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), 0, q.stride(0)
-    a.k, a.k_stride_page, a.k_stride_tok, a.k_stride_head = k.data_ptr(), 0, k.stride(tok_dim), k.stride(head_dim_)
-    a.v, a.v_stride_page, a.v_stride_tok, a.v_stride_head = v.data_ptr(), 0, v.stride(tok_dim), v.stride(head_dim_)
-    base = meta.data_ptr()
+    a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), 0, qs_[0]
+    a.k, a.k_stride_page, a.k_stride_tok, a.k_stride_head = k.data_ptr(), 0, ks_[tok_dim], ks_[head_dim_]
+    a.v, a.v_stride_page, a.v_stride_tok, a.v_stride_head = v.data_ptr(), 0, vs_[tok_dim], vs_[head_dim_]
+    base = meta_ptr
     a.work, a.num_work, a.merge_indptr = base, base + plan.num_items * 16, base + off_merge * 4
     a.kv_indptr, a.kv_indices = base + off_tab * 4, base + (off_tab + 2) * 4
     a.kv_last_page_len = base + (off_tab + 3) * 4
     a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), 0, out.stride(0)
     a.lse = 0 if lse is None else lse.data_ptr()
-    a.part_o = part.data_ptr()
-    a.part_lse = a.part_o + plan.num_slots * hq * d * 4
+    if part is not None:
+        a.part_o = part.data_ptr()
+        a.part_lse = a.part_o + plan.num_slots * hq * d * 4
     a.num_qo_heads, a.num_kv_heads = hq, hkv
     page = 1 << (kv_len - 1).bit_length()
     a.page_size, a.page_shift = page, page.bit_length() - 1
@@ -166,7 +168,33 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     a.grid_items, a.merge_batch = plan.num_items, (1 if plan.split else 0)
     a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
     a.rope_scale, a.rope_theta = rs, rt
-    mod.fi_batch_decode(ctypes.addressof(a), current_stream(q.device))
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    rc = launch(ctypes.addressof(a), _raw_stream(idx))
+    if rc:
+        raise mod.error(rc, "fi_batch_decode")
+
+
+# Per call signature (device, dtypes, shapes, kv_len, options): backend, launch function, device
+# metadata and plan. Everything here is a pure function of the key, so a repeated call does no
+# dispatch, no spec hashing and no upload.
+_STATE: dict = {}
+
+
+def _single_state(key):
+    dev, q_dtype, kv_dtype, d, hq, hkv, kv_len, pos, soft_cap, use_tc = key
+    backend = common.SINGLE_DECODE.choose(dev, q_dtype, head_dim=d, kv_dtype=kv_dtype).name
+    if backend != "cuda":
+        return backend, None, 0, None, 0, 0, None, None
+    group = hq // hkv
+    gh = heads_per_cta(group)
+    mod = load(select_spec(q_dtype, kv_dtype, d, group, pos, soft_cap, arch_of(dev),
+                           "tensor-core" if use_tc else "auto"))
+    sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
+    meta, plan, off_merge, off_tab = _single_meta(dev, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
+    if len(_STATE) >= 1024:
+        _STATE.clear()
+    # the meta tensor rides along: _single_meta's LRU may drop it while this entry lives
+    return backend, mod.fn("fi_batch_decode").raw, meta.data_ptr(), plan, off_merge, off_tab, mod, meta
 
 
 @torch.library.custom_op("fi_attention::single_decode", mutates_args=("out", "lse"))
