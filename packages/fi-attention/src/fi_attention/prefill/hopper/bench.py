@@ -3,11 +3,15 @@
 Registered as routines ``single_prefill_fa3`` and ``batch_prefill_paged_fa3``
 (``fi_attention/bench.py`` must import this module);
 also runnable alone: ``python3 -m fi_attention.prefill.hopper.bench [--quick]``.
-Configs follow shared/TARGETS.md: causal single prefill, GQA 32/8, head_dim 128, bf16.
+Configs follow shared/TARGETS.md: causal single prefill, GQA 32/8, head_dim 128, bf16. Rows
+marked "[1 CTA per tile]" time the same kernel with FI_FA3_CTAS=all (non-persistent launch)
+against the default persistent launch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import torch
@@ -47,6 +51,30 @@ def _sdpa(q, k, v, causal):
     return o[0].transpose(0, 1)
 
 
+@contextlib.contextmanager
+def _fa3_ctas(value):
+    """Sets FI_FA3_CTAS (read by the kernel's host code at each launch) inside the block."""
+    old = os.environ.get("FI_FA3_CTAS")
+    if value is not None:
+        os.environ["FI_FA3_CTAS"] = str(value)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FI_FA3_CTAS", None)
+        else:
+            os.environ["FI_FA3_CTAS"] = old
+
+
+def _one_cta_per_tile_row(name, config, fn, sets, reps, flops, t_persistent):
+    """A/B row: the same kernel launched with one CTA per work tile (FI_FA3_CTAS=all), with the
+    default persistent launch as its baseline, to show what the persistent scheduler buys."""
+    with _fa3_ctas("all"):
+        t = time_fn(fn, sets, reps=reps, min_calls_per_replay=4)
+    return BenchRow(name, config + " [1 CTA per tile]", t, flops=flops,
+                    baseline=("fa3 persistent (default)", t_persistent), backend="fa3")
+
+
 @routine("single_prefill_fa3", family="fi-attention",
          help="fa3 (Hopper) single prefill, GQA 32/8, d 128, bf16 vs torch SDPA")
 def single_prefill_fa3(args: RoutineArgs):
@@ -81,9 +109,12 @@ def single_prefill_fa3(args: RoutineArgs):
                          reps=reps, min_calls_per_replay=4)
         flops = attention_flops(L, L, HQ, D, causal)
         target_us = flops / (target_tflops * 1e12) * 1e6 if target_tflops else None
-        yield BenchRow("single_prefill_fa3", f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16",
+        config = f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16"
+        yield BenchRow("single_prefill_fa3", config,
                        t_ours, flops=flops, baseline=("torch SDPA", t_base), target_us=target_us,
                        backend="fa3", extra={"rel_err_vs_sdpa": err})
+        if L == 4096 and causal and not args.quick:
+            yield _one_cta_per_tile_row("single_prefill_fa3", config, ours, sets, reps, flops, t_ours)
 
 
 @routine("batch_prefill_paged_fa3", family="fi-attention",
@@ -139,10 +170,13 @@ def batch_prefill_paged_fa3(args: RoutineArgs):
     t_ours = time_fn(ours, sets, reps=20, min_calls_per_replay=4)
     t_base = time_fn(base, base_sets, reps=20, min_calls_per_replay=4)
     flops = batch * attention_flops(L, L, HQ, D, True)
-    yield BenchRow("batch_prefill_paged_fa3", f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16",
+    config = f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16"
+    yield BenchRow("batch_prefill_paged_fa3", config,
                    t_ours, flops=flops, baseline=("torch SDPA (contiguous KV)", t_base),
                    target_us=flops / 560e12 * 1e6 if batch == 16 else None, backend="fa3",
                    extra={"rel_err_vs_sdpa": err})
+    if not args.quick:
+        yield _one_cta_per_tile_row("batch_prefill_paged_fa3", config, ours, sets, 20, flops, t_ours)
 
 
 def main(argv=None) -> None:
