@@ -302,3 +302,51 @@ def test_cuda_graph_wrapper_class():
     tables = _graph_tables([100, 7], ps, max_pages, seed=1)
     w.plan(*tables, 32, 8, 128, ps, q_data_type=torch.bfloat16)
     testing.assert_close(w.run(q, cache), batch_decode_reference(q, cache, *tables), dtype=torch.bfloat16)
+
+
+@KERNELS
+def test_merge_of_every_slot_count_up_to_18(backend):
+    # request k has k + 1 chunks of 16 tokens: the merge sees 1 (no split) .. 18 partials,
+    # covering every remainder of its 8-slot load groups
+    lens = [16 * k + 1 for k in range(18)]
+    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=dict(fixed_split_size=1), backend=backend)
+    assert w._plan.split and w._plan.num_slots == sum(k + 1 for k in range(1, 18))
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@KERNELS
+def test_uniform_batch_split_to_whole_waves(backend):
+    # 64 x 4096 tokens x 8 kv heads: the planner splits to avoid a partial last wave on big GPUs
+    out, lse, ro, rl, w = run_decode([4096] * 64, 16, 32, 8, 128, backend=backend)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@KERNELS
+def test_fp8_tile_edges_with_window(kv_dtype, backend):
+    # fp8 warps take two 16-token tiles per step: lengths around 16/32/48 and a window whose
+    # start is not tile-aligned put the end of a range inside tile 0, tile 1 or past both
+    lens = [1, 16, 17, 31, 32, 33, 47, 48, 49, 95, 1000]
+    for wl in (-1, 40):
+        out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, kv_dtype=kv_dtype,
+                                         run_kw=dict(k_scale=0.5, v_scale=2.0, window_left=wl),
+                                         ref_kw=dict(k_scale=0.5, v_scale=2.0, window_left=wl),
+                                         backend=backend, seed=wl + 2)
+        testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"window_left {wl}: ")
+        testing.assert_close(lse, rl, **LSE_TOL)
+
+
+def test_run_after_switching_cache_refreshes_the_arguments():
+    # run() skips re-writing the K/V fields when the cache is the previous call's: a different
+    # cache (another layer) must still be read
+    cache_a, indptr, indices, last = make_batch([300, 40], 16, 8, 128, seed=0)
+    cache_b = make_batch([300, 40], 16, 8, 128, seed=9)[0]
+    q = testing.randn((2, 32, 128), torch.bfloat16, DEV, seed=4)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    for cache in (cache_a, cache_a, cache_b, cache_a, (cache_b[:, 0].clone(), cache_b[:, 1].clone())):
+        out = w.run(q, cache)
+        ro = batch_decode_reference(q, cache, indptr, indices, last)
+        testing.assert_close(out, ro, dtype=torch.bfloat16)

@@ -130,10 +130,14 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 
 // 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
 __global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) {
-  const int item = blockIdx.x;
+  // 1-D grid, the item's (kv head, head subgroup) units adjacent: in CUDA-graph mode the grid
+  // covers the capacity and the idle items past num_work come last, after all real work.
+  const int nunits = (p.hq / p.group) * p.nsub;
+  const int item = int(blockIdx.x) / nunits;
+  const int unit = int(blockIdx.x) - item * nunits;
   if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
-  const int kvh = blockIdx.y / p.nsub;
-  const int qh0 = kvh * p.group + (blockIdx.y % p.nsub) * GH;
+  const int kvh = unit / p.nsub;
+  const int qh0 = kvh * p.group + (unit % p.nsub) * GH;
   const int4 w = reinterpret_cast<const int4*>(p.work)[item];
   const int req = w.x, part = w.w;
   const int page_lo = p.indptr[req];
@@ -312,7 +316,7 @@ __global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) 
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   if (a->grid_items > 0) {
-    dim3 grid(unsigned(a->grid_items), unsigned(a->num_kv_heads * p.nsub));
+    const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
     decode_mma_kernel<<<grid, NW * 32, 0, stream>>>(p);
     FI_TRY(cudaGetLastError());
   }
