@@ -135,6 +135,21 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   return p;
 }
 
+// Programmatic dependent launch (SM90+; no-ops elsewhere). A kernel launched with the PDL
+// attribute may start before its predecessor in the stream finishes: it must call
+// grid_dependency_wait() before touching anything the predecessor writes. The predecessor calls
+// launch_dependents() once its CTA needs no more SM room for real work.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Page-table lookup of token t of a request whose pages start at indices[page_lo].
 template <typename P>
 __device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& off) {
@@ -156,6 +171,7 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   constexpr int E = D / 32;  // 2, 4 or 8 contiguous floats per lane
   constexpr int MU = 8;
   static_assert(E % 2 == 0, "float2 granularity");
+  grid_dependency_wait();  // launched early (PDL): the decode grid's partials are complete after this
   const int b = blockIdx.x;
   const int h = blockIdx.y * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -203,13 +219,38 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   if (lse != nullptr && lane == 0) lse[int64_t(b) * hq + h] = sum > 0.f ? mx + __log2f(sum) : fi::kNegInf;
 }
 
+// The merge is launched with programmatic stream serialization (PDL, SM90+): its grid is set up
+// while the decode kernel's last CTAs run instead of after it drains. The decode CTAs signal
+// after their main loop; the merge waits (griddepcontrol.wait) for the whole decode grid to
+// complete and flush before it reads a partial. Older GPUs launch it normally.
 template <typename OT, int D>
 inline cudaError_t launch_merge_partials(const float* part_o, const float* part_lse, const int* indptr,
                                          int batch, int hq, OT* out, int64_t o_sb, int64_t o_sh,
                                          float* lse, cudaStream_t stream) {
   dim3 grid(unsigned(batch), unsigned((hq + 3) / 4));
-  merge_partials_kernel<OT, D><<<grid, 128, 0, stream>>>(part_o, part_lse, indptr, hq, out, o_sb, o_sh, lse);
-  return cudaGetLastError();
+  static int cc_major = 0;  // benign race: every thread computes the same value
+  if (cc_major == 0) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err != cudaSuccess) return err;
+  }
+  if (cc_major < 9) {
+    merge_partials_kernel<OT, D><<<grid, 128, 0, stream>>>(part_o, part_lse, indptr, hq, out, o_sb, o_sh, lse);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, merge_partials_kernel<OT, D>, part_o, part_lse, indptr, hq, out,
+                            o_sb, o_sh, lse);
 }
 
 }  // namespace fi_attn

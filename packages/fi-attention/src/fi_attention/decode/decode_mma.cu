@@ -270,6 +270,7 @@ __global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) 
       }
     }
   }
+  fi_attn::launch_dependents();  // no more K/V to stream: the merge grid may start launching
   l += __shfl_xor_sync(fi::kFullMask, l, 1);
   l += __shfl_xor_sync(fi::kFullMask, l, 2);
 
