@@ -150,6 +150,9 @@ def _worker(args):
     cache_dir, src, counter = args
     os.environ["FI_CACHE_DIR"] = cache_dir
     os.environ["FI_NVCC"] = counter
+    from fi_core import knobs
+
+    knobs.refresh()
     from fi_core.jit import spec as spec_mod
 
     spec_mod.find_nvcc.cache_clear()

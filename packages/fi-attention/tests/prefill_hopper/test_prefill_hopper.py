@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fi_core import knobs
 from fi_core import testing
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_attention.prefill import hopper
@@ -383,12 +384,12 @@ def test_logits_soft_cap(causal):
     dict(qo_lens=[1000], kv_lens=[1000], causal=True, d=256),
     dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=True, d=64),
 ])
-def test_persistent_many_tiles_per_cta(case, monkeypatch):
+def test_persistent_many_tiles_per_cta(case):
     _needs_sm90()
     outs = []
     for ctas in ("3", "all", "1"):
-        monkeypatch.setenv("FI_FA3_CTAS", ctas)
-        out, lse = _check(**case, seed=37)
+        with knobs.override(FI_FA3_CTAS=ctas):
+            out, lse = _check(**case, seed=37)
         outs.append((out, lse))
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]), "result depends on the number of persistent CTAs"

@@ -1,7 +1,9 @@
 """Every environment variable fi reads, declared once.
 
 Nothing else in the project reads ``os.environ`` for configuration: code asks ``knobs.<name>()``.
-Tests change knobs with :func:`override`, which sets the variable for the duration of a ``with``.
+Values are parsed once and cached (hot paths read knobs); tests and programs change knobs with
+:func:`override`, which sets the variable for the duration of a ``with``, or call :func:`refresh`
+after editing ``os.environ``.
 
 Example
 -------
@@ -39,9 +41,27 @@ class Knob:
 KNOBS: dict[str, Knob] = {}
 
 
+# Values are parsed on first use and cached: some knobs sit on hot paths (FI_CHECK_INPUTS in every
+# run(), where os.environ.get alone costs ~1.5 us). override() and refresh() invalidate the cache;
+# code that edits os.environ directly at run time must call refresh().
+_generation = [0]
+
+
 def _declare(knob: Knob) -> Callable[[], object]:
     KNOBS[knob.name] = knob
-    return lambda: _convert(knob)
+    state: list = [-1, None]
+
+    def get():
+        if state[0] != _generation[0]:
+            state[1] = _convert(knob)  # raises on a bad value, and is then not cached
+            state[0] = _generation[0]
+        return state[1]
+    return get
+
+
+def refresh() -> None:
+    """Re-read every knob from the environment on next use."""
+    _generation[0] += 1
 
 
 def _convert(knob: Knob):
@@ -123,6 +143,28 @@ no_jit = _declare(Knob(
     "FI_NO_JIT", "bool", "0",
     "Never compile at run time: a kernel missing from the prebuilt set and the cache is an error."))
 
+fa3_ctas_raw = _declare(Knob(
+    "FI_FA3_CTAS", "str", None,
+    "Testing/A-B knob of the Hopper prefill kernel's persistent grid: unset = one CTA per SM, "
+    "'all' = one CTA per work tile (non-persistent launch), N > 0 = at most N CTAs."))
+
+
+def fa3_ctas() -> int:
+    """FI_FA3_CTAS as the launcher's max_ctas argument: 0 = default, -1 = one per tile, N = cap."""
+    raw = fa3_ctas_raw()
+    if raw is None:
+        return 0
+    if raw.strip().lower() == "all":
+        return -1
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"FI_FA3_CTAS must be 'all' or a positive integer, got {raw!r}") from None
+    if n <= 0:
+        raise ValueError(f"FI_FA3_CTAS must be 'all' or a positive integer, got {raw!r}")
+    return n
+
+
 verbose_build = _declare(Knob(
     "FI_VERBOSE_BUILD", "bool", "0", "Print nvcc/ninja output of kernel builds as they run."))
 
@@ -140,6 +182,7 @@ def override(**values: Optional[str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = str(v)
+        refresh()
         yield
     finally:
         for k, v in saved.items():
@@ -147,6 +190,7 @@ def override(**values: Optional[str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        refresh()
 
 
 def _alias_names() -> set[str]:

@@ -10,14 +10,12 @@ against the default persistent launch.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from fi_core import testing
+from fi_core import knobs, testing
 from fi_core.bench import BenchRow, RoutineArgs, format_table, rotating_inputs, routine, time_fn
 
 from . import run_paged, run_ragged
@@ -51,19 +49,9 @@ def _sdpa(q, k, v, causal):
     return o[0].transpose(0, 1)
 
 
-@contextlib.contextmanager
 def _fa3_ctas(value):
-    """Sets FI_FA3_CTAS (read by the kernel's host code at each launch) inside the block."""
-    old = os.environ.get("FI_FA3_CTAS")
-    if value is not None:
-        os.environ["FI_FA3_CTAS"] = str(value)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("FI_FA3_CTAS", None)
-        else:
-            os.environ["FI_FA3_CTAS"] = old
+    """The FI_FA3_CTAS knob (read by the runner at each launch) set inside a with-block."""
+    return knobs.override(FI_FA3_CTAS=None if value is None else str(value))
 
 
 def _one_cta_per_tile_row(name, config, fn, sets, reps, flops, t_persistent):

@@ -21,8 +21,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -683,21 +681,19 @@ inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64
 }
 
 // Persistent grid size: one CTA per SM (1 CTA/SM fits: 384 threads x 168 registers, ~225 KB of
-// smem). FI_FA3_CTAS overrides it, for tests and A/B timing: "all" = one CTA per work tile (the
-// non-persistent launch), N > 0 = at most N CTAs (tests force several tiles per CTA with small N).
-inline int64_t persistent_ctas(int sms) {
-  const char* env = std::getenv("FI_FA3_CTAS");
-  if (env == nullptr || *env == 0) return sms;
-  if (std::strcmp(env, "all") == 0) return int64_t(1) << 40;
-  const long long n = std::atoll(env);
-  return n > 0 ? n : sms;
+// smem). `max_ctas` (the FI_FA3_CTAS knob, passed by the runner) overrides it for tests and A/B
+// timing: -1 = one CTA per work tile (the non-persistent launch), N > 0 = at most N CTAs (tests
+// force several tiles per CTA with small N), 0 = the default.
+inline int64_t persistent_ctas(int sms, int64_t max_ctas) {
+  if (max_ctas < 0) return int64_t(1) << 40;
+  return max_ctas > 0 ? max_ctas : sms;
 }
 
 // Fills the fields shared by both entries and launches a 1-D grid of persistent CTAs.
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
                   int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                  cudaStream_t stream) {
+                  int64_t max_ctas, cudaStream_t stream) {
   p.o = static_cast<Element*>(o);
   p.lse = static_cast<float*>(lse);
   p.qo_indptr = static_cast<const int*>(qo_indptr);
@@ -725,7 +721,7 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   int sms = 0;
   FI_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t ctas =
-      kPersistent ? std::min<int64_t>(num_tiles, std::max<int64_t>(1, persistent_ctas(sms))) : num_tiles;
+      kPersistent ? std::min<int64_t>(num_tiles, std::max<int64_t>(1, persistent_ctas(sms, max_ctas))) : num_tiles;
   prefill_sm90_kernel<<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p);
   return FI_LAUNCH_STATUS();
 }
@@ -742,7 +738,8 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     float softcap, int64_t window_left, cudaStream_t stream) {
+                                     float softcap, int64_t window_left, int64_t max_ctas,
+                                     cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
@@ -759,7 +756,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, stream);
+                sm_scale, softcap, window_left, max_ctas, stream);
 }
 #else
 // Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
@@ -773,7 +770,7 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
                                     int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
                                     int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
                                     int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                                    cudaStream_t stream) {
+                                    int64_t max_ctas, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   const bool tile_in_page = page_size % kBlockN == 0;
@@ -796,6 +793,6 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   p.last_page_len = static_cast<const int*>(last_page_len);
   p.page_size = int(page_size);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, stream);
+                sm_scale, softcap, window_left, max_ctas, stream);
 }
 #endif
