@@ -127,7 +127,7 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     st = _STATE.get(key)
     if st is None:
         st = _STATE[key] = _single_state(key)
-    backend, launch, meta_ptr, plan, off_merge, off_tab, mod, _meta = st
+    backend, launch, template, plan, mod, _meta = st
     if backend != "cuda":
         kn, vn = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
         o, s = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
@@ -148,24 +148,18 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     # partial states only when the plan splits (a fresh allocation: stream-ordered, never shared)
     part = torch.empty(plan.num_slots * hq * (d + 1), dtype=torch.float32, device=dev) if plan.split else None
     tok_dim, head_dim_ = (0, 1) if kv_layout == "NHD" else (1, 0)
-    a = DecodeArgs()
-    a.q, a.q_stride_b, a.q_stride_h = q.data_ptr(), 0, qs_[0]
-    a.k, a.k_stride_page, a.k_stride_tok, a.k_stride_head = k.data_ptr(), 0, ks_[tok_dim], ks_[head_dim_]
-    a.v, a.v_stride_page, a.v_stride_tok, a.v_stride_head = v.data_ptr(), 0, vs_[tok_dim], vs_[head_dim_]
-    base = meta_ptr
-    a.work, a.num_work, a.merge_indptr = base, base + plan.num_items * 16, base + off_merge * 4
-    a.kv_indptr, a.kv_indices = base + off_tab * 4, base + (off_tab + 2) * 4
-    a.kv_last_page_len = base + (off_tab + 3) * 4
-    a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), 0, out.stride(0)
-    a.lse = 0 if lse is None else lse.data_ptr()
+    # per-call copy of the signature's prebuilt block (a memcpy), then only the per-call fields
+    a = DecodeArgs.from_buffer_copy(template)
+    a.q, a.q_stride_h = q.data_ptr(), qs_[0]
+    a.k, a.k_stride_tok, a.k_stride_head = k.data_ptr(), ks_[tok_dim], ks_[head_dim_]
+    a.v, a.v_stride_tok, a.v_stride_head = v.data_ptr(), vs_[tok_dim], vs_[head_dim_]
+    a.out, a.o_stride_h = out.data_ptr(), out.stride(0)
+    if lse is not None:
+        a.lse = lse.data_ptr()
     if part is not None:
         a.part_o = part.data_ptr()
         a.part_lse = a.part_o + plan.num_slots * hq * d * 4
-    a.num_qo_heads, a.num_kv_heads = hq, hkv
-    page = 1 << (kv_len - 1).bit_length()
-    a.page_size, a.page_shift = page, page.bit_length() - 1
     a.window_left = wl
-    a.grid_items, a.merge_batch = plan.num_items, (1 if plan.split else 0)
     a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
     a.rope_scale, a.rope_theta = rs, rt
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -184,7 +178,7 @@ def _single_state(key):
     dev, q_dtype, kv_dtype, d, hq, hkv, kv_len, pos, soft_cap, use_tc = key
     backend = common.SINGLE_DECODE.choose(dev, q_dtype, head_dim=d, kv_dtype=kv_dtype).name
     if backend != "cuda":
-        return backend, None, 0, None, 0, 0, None, None
+        return backend, None, None, None, None, None
     group = hq // hkv
     gh = heads_per_cta(group)
     mod = load(select_spec(q_dtype, kv_dtype, d, group, pos, soft_cap, arch_of(dev),
@@ -193,8 +187,19 @@ def _single_state(key):
     meta, plan, off_merge, off_tab = _single_meta(dev, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
     if len(_STATE) >= 1024:
         _STATE.clear()
+    # The signature's fixed fields (metadata addresses, page geometry, grid). Zeroed pointers
+    # (q_stride_b, *_stride_page, o_stride_b, lse, part) stay 0 unless a call sets them.
+    t = DecodeArgs()
+    base = meta.data_ptr()
+    t.work, t.num_work, t.merge_indptr = base, base + plan.num_items * 16, base + off_merge * 4
+    t.kv_indptr, t.kv_indices = base + off_tab * 4, base + (off_tab + 2) * 4
+    t.kv_last_page_len = base + (off_tab + 3) * 4
+    t.num_qo_heads, t.num_kv_heads = hq, hkv
+    page = 1 << (kv_len - 1).bit_length()
+    t.page_size, t.page_shift = page, page.bit_length() - 1
+    t.grid_items, t.merge_batch = plan.num_items, (1 if plan.split else 0)
     # the meta tensor rides along: _single_meta's LRU may drop it while this entry lives
-    return backend, mod.fn("fi_batch_decode").raw, meta.data_ptr(), plan, off_merge, off_tab, mod, meta
+    return backend, mod.fn("fi_batch_decode").raw, t, plan, mod, meta
 
 
 @torch.library.custom_op("fi_attention::single_decode", mutates_args=("out", "lse"))
