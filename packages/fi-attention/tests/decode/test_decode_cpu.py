@@ -236,3 +236,19 @@ def test_torch_compile_fullgraph_traces_through_run_and_single_decode():
     k, v = gather_paged_kv(cache, indptr, indices, last, 0)
     g = torch.compile(lambda q, k, v: single_decode_with_kv_cache(q, k, v), fullgraph=True, backend="eager")
     assert torch.equal(g(q[0], k, v), single_decode_with_kv_cache(q[0], k, v))
+
+
+def test_plan_table_validation_fast_and_slow_paths():
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    with pytest.raises(InputError, match="exceeds"):
+        _wrapper().plan(indptr, indices[:1], last, 4, 2, 16, 4)
+    for bad_last in (0, 5):  # page_size 4: last_page_len must be in [1, 4]
+        with pytest.raises(InputError, match="last_page_len must be in"):
+            _wrapper().plan(indptr, indices, torch.tensor([bad_last, 1], dtype=torch.int32), 4, 2, 16, 4)
+    with pytest.raises(InputError, match="start at 0"):
+        _wrapper().plan(torch.tensor([1, 2, 3], dtype=torch.int32), indices, last, 4, 2, 16, 4)
+    # a request without pages may carry any last_page_len (the slow path accepts it)
+    empty_ok = torch.tensor([0, 0, 3], dtype=torch.int32)
+    w = _wrapper()
+    w.plan(empty_ok, indices, torch.tensor([0, 2], dtype=torch.int32), 4, 2, 16, 4)
+    assert w._batch == 2
