@@ -19,20 +19,19 @@ try:  # the raw cudaStream_t of torch's current stream, without building a Strea
 except AttributeError:  # pragma: no cover - CPU-only torch builds
     _raw_stream = current_stream
 
+from ..kv import check_kv_layout, unpack_paged_kv_cache
+from ..reference import batch_decode_reference
+from . import common
+from .launch import DecodeArgs, page_shift
+from .planner import kv_lengths, max_items, plan_decode
+from .spec import heads_per_cta, select_spec
+
 _compiling = torch.compiler.is_compiling
 _check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
 
 
 # is_capturing() without the torch.cuda.is_available() probe on CUDA builds (dynamo knows both).
 _capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else is_capturing
-
-
-from ..kv import check_kv_layout, unpack_paged_kv_cache  # noqa: E402
-from ..reference import batch_decode_reference
-from . import common
-from .launch import DecodeArgs, page_shift
-from .planner import kv_lengths, max_items, plan_decode
-from .spec import heads_per_cta, select_spec
 
 _OCCUPANCY: dict = {}
 # plan() signature -> backend name, and -> (kernel name, module, launch fn, CTAs per SM, SMs)

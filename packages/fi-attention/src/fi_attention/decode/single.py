@@ -121,7 +121,6 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     else:
         hkv, kv_len, d = k.shape
     hq = q.shape[0]
-    group = hq // hkv
     dev = q.device
     key = (dev, q.dtype, k.dtype, d, hq, hkv, kv_len, pos_encoding_mode, cap > 0, bool(use_tensor_cores))
     st = _STATE.get(key)
