@@ -121,15 +121,18 @@ def _allowed(kind, probs, kw):
     return R.min_p_mask(probs, kw["min_p"] * (1 - 1e-6))
 
 
-@pytest.mark.parametrize("batch", [1, 7, 99, 989])
+# Llama-3 vocab at every batch size, Llama-2's 32000 at two (the kernels take any vocab; 111 and
+# 4097 are covered by the frequency and renorm tests).
+@pytest.mark.parametrize("batch,vocab", [(1, VOCAB), (7, VOCAB), (99, VOCAB), (989, VOCAB),
+                                         (7, 32000), (99, 32000)])
 @pytest.mark.parametrize("kind,kw", [("top_k", dict(top_k=50)), ("top_p", dict(top_p=0.9)),
                                      ("min_p", dict(min_p=0.1)), ("top_k", dict(top_k=1))])
-def test_never_outside_the_filtered_set(batch, kind, kw):
-    probs = _probs(batch, VOCAB, seed=batch)
+def test_never_outside_the_filtered_set(batch, vocab, kind, kw):
+    probs = _probs(batch, vocab, seed=batch)
     toks = _run(kind, probs, None, kw, seed=batch, offset=1)
     assert toks.dtype == torch.int32 and toks.shape == (batch,)
     t = toks.long().cpu()
-    assert ((t >= 0) & (t < VOCAB)).all()
+    assert ((t >= 0) & (t < vocab)).all()
     if kind == "top_k":  # exact and cheap on the device
         kth = torch.topk(probs, kw["top_k"], dim=-1).values[:, -1:]
         ok = probs.gather(1, toks.long().unsqueeze(1)) >= kth
@@ -240,7 +243,7 @@ def test_bad_indices_never_fault():
 
 
 # ---- renorm / mask / softmax ------------------------------------------------------------------
-@pytest.mark.parametrize("batch,vocab", [(1, 111), (7, 4097), (3, VOCAB)])
+@pytest.mark.parametrize("batch,vocab", [(1, 111), (7, 4097), (5, 32000), (3, VOCAB)])
 def test_renorm_mask_softmax_match_reference(batch, vocab):
     probs = _probs(batch, vocab, seed=vocab)
     out = testing.empty_poisoned((batch, vocab), torch.float32, "cuda")
