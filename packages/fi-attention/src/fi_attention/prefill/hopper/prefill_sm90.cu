@@ -68,6 +68,12 @@ static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
 // warpgroup: 232 spilled there, 240 does not); the producer's address math fits in 24.
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;                     // 24*128 + 240*256 <= 64K registers
+// setmaxnreg moves registers inside the CTA's own pool (PTX ISA: setmaxnreg.inc blocks until the
+// CTA pool has them), which holds only the launch allocation: __launch_bounds__(kThreads, 1) gives
+// 65536 / kThreads rounded down to 8 = 168 per thread. A budget above it (32/240 = 512 x 128 > 504 x 128)
+// leaves one consumer warpgroup in setmaxnreg.inc forever: the kernel hangs.
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= (65536 / kThreads) / 8 * 8 * kThreads,
+              "setmaxnreg budget exceeds the CTA's register allocation (setmaxnreg.inc would block forever)");
 // Ping-pong (FA3 "warp scheduler barrier"): the two consumer warpgroups take turns issuing their
 // GEMMs, so one warpgroup's softmax overlaps the other's GEMMs instead of both competing for the
 // tensor cores at once. Barrier ids kSchedBarrier + wg - 1 for wg = 1, 2.
