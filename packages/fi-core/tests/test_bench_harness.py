@@ -32,3 +32,13 @@ def test_rotating_inputs_exceed_l2(monkeypatch):
     monkeypatch.setattr(bench, "l2_bytes", lambda device=None: 1000)
     sets = bench.rotating_inputs(lambda i: (torch.empty(100, dtype=torch.float32),))
     assert len(sets) * 400 >= 3 * 1000
+
+
+def test_plot_writes_png(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    ours = bench.Timing(10.0, 9.0, 11.0, 30, "graph")
+    rows = [bench.BenchRow("r", f"cfg{i}", ours, baseline=("torch", ours)).metrics() for i in range(3)]
+    path = bench.plot("r", rows, tmp_path / "r.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
