@@ -240,3 +240,14 @@ def test_aot_build_prebuilt_layout(cache_dir, tmp_path):
     spec = selftest_spec(Arch.parse("8.0"))
     assert [p.name for p in out] == [spec.prebuilt_dirname]
     assert cache.verify(out[0])[0]
+
+
+def test_source_names_in_the_key_do_not_depend_on_the_install_location():
+    from fi_core.jit.spec import _stable_name
+
+    a = Path("/work/repo/packages/fi-sampling/src/fi_sampling/norm/norm.cu")
+    b = Path("/usr/lib/python3/site-packages/fi_sampling/norm/norm.cu")
+    c = Path("/tmp/target/fi_sampling/norm/norm.cu")
+    assert _stable_name(a) == _stable_name(b) == _stable_name(c) == "fi_sampling/norm/norm.cu"
+    h = Path("/x/src/fi_core/include/fi/vec.cuh")
+    assert _stable_name(h) == "fi_core/include/fi/vec.cuh"

@@ -184,13 +184,17 @@ class KernelSpec:
         }
 
 
+# Top-level import names of fi's packages: a source's name in the hash starts at its package, so a
+# checkout (packages/<dist>/src/<pkg>/...) and an installed wheel (<site>/<pkg>/...) give the same
+# key, and a prebuilt module built from one is found from the other.
+_PACKAGE_ROOTS = ("fi_core", "fi_attention", "fi_gemm", "fi_moe", "fi_sampling", "fi_comm", "flashinfer")
+
+
 def _stable_name(path: Path) -> str:
-    """A path name that does not depend on where the checkout or site-packages lives, so a cache
-    built on one machine is valid on another with the same sources."""
+    """A path name that does not depend on where the checkout or site-packages lives."""
     parts = path.parts
-    for anchor in ("include", "src", "site-packages"):
-        if anchor in parts:
-            i = len(parts) - 1 - parts[::-1].index(anchor)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in _PACKAGE_ROOTS:
             return "/".join(parts[i:])
     return path.name
 
