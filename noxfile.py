@@ -2,7 +2,8 @@
 
     nox -s tests            CPU tests of every package (tests(fi-core), tests(fi-sampling), ...)
     nox -s compile          nvcc builds of every registered kernel's representative variants for
-                            sm_80 and sm_90a; fails on ptxas spills or serialised wgmma (C7510)
+                            sm_80 and sm_90a; fails on ptxas spills or serialised wgmma (C7510);
+                            then an FI_AOT=1 wheel must load all its kernels without nvcc
     nox -s gpu              GPU-marked tests with the current interpreter (the H200 machine)
     nox -s lint             ruff
     nox -s build            a wheel per package into dist/
@@ -30,6 +31,7 @@ def tests(session, pkg):
 def compile(session):
     _dev_install(session)
     session.run("python", "tools/compile_check.py", "--arch", "8.0", "--arch", "9.0a", *session.posargs)
+    session.run("python", "tools/aot_check.py", "--package", "fi-sampling", "--arch", "9.0a")
 
 
 @nox.session(python=False, venv_backend="none")
