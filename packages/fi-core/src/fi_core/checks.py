@@ -34,6 +34,10 @@ def ndim(name: str, t: torch.Tensor, allowed: Iterable[int]) -> None:
 
 
 def shape(name: str, t: torch.Tensor, expected: Sequence[Optional[int]], what: str = "") -> None:
+    _check_shape(name, t, expected, what)
+
+
+def _check_shape(name: str, t: torch.Tensor, expected: Sequence[Optional[int]], what: str = "") -> None:
     """expected: sizes, None = any."""
     ok = t.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, t.shape))
     if not ok:
@@ -68,3 +72,20 @@ def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
 def positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def output(name: str, out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
+    """The destination of an op: a new tensor when `out` is None, else `out` after checking its
+    type, shape, dtype, device and last-dimension contiguity (a wrong device would otherwise be an
+    illegal memory access inside the kernel)."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    tensor(name, out)
+    _check_shape(name, out, tuple(shape))
+    if out.dtype != dtype:
+        raise InputTypeError(f"{name} must be {_names((dtype,))}, got {_names((out.dtype,))}")
+    if out.device != torch.device(device):
+        raise InputError(f"{name} must be on {device}, got {out.device}")
+    last_dim_contiguous(name, out)
+    return out

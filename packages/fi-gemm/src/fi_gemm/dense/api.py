@@ -246,21 +246,6 @@ def _backend_name(op_name: str, backend: str) -> str:
     return backend
 
 
-def _check_out(out: Optional[torch.Tensor], shape: tuple, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor:
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    checks.tensor("out", out)
-    checks.shape("out", out, shape)
-    if out.dtype != dtype:
-        raise InputTypeError(f"out must be {str(dtype).replace('torch.', '')} (out_dtype), "
-                             f"got {str(out.dtype).replace('torch.', '')}")
-    if out.device != device:
-        raise InputError(f"out must be on {device}, got {out.device}")
-    checks.last_dim_contiguous("out", out)
-    return out
-
-
 def _check_out_dtype(out_dtype) -> None:
     if out_dtype not in _OUT:
         raise InputTypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
@@ -350,7 +335,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
         checks.shape("bias", bias, (n,))
         bias = bias.contiguous()
     be = _backend_name("mm_bf16", backend)
-    out = _check_out(out, (m, n), out_dtype, device)
+    out = checks.output("out", out, (m, n), out_dtype, device)
     a = a if a.stride(-1) == 1 or k <= 1 else a.contiguous()
     w = _weight_rows("b", b)
     _run("mm_bf16", out, a, w, bias, None, None, be)
@@ -401,7 +386,7 @@ def bmm_bf16(A: torch.Tensor, B: torch.Tensor, out: Optional[torch.Tensor] = Non
     _check_out_dtype(out_dtype)
     device = checks.same_device(A=A, B=B, out=out)
     be = _backend_name("bmm_bf16", backend)
-    out = _check_out(out, (bs, m, B.shape[2]), out_dtype, device)
+    out = checks.output("out", out, (bs, m, B.shape[2]), out_dtype, device)
     A = A if A.stride(-1) == 1 or k <= 1 else A.contiguous()
     _run("bmm_bf16", out, A, _weight_rows("B", B), None, None, None, be)
     return out
@@ -457,7 +442,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     A_scale = _check_scale("A_scale", A_scale, device)
     B_scale = _check_scale("B_scale", B_scale, device)
     be = _backend_name("bmm_fp8", backend)
-    out = _check_out(out, (bs, m, B.shape[2]), dtype, device)
+    out = checks.output("out", out, (bs, m, B.shape[2]), dtype, device)
     A = A if A.stride(-1) == 1 or k <= 1 else A.contiguous()
     _run("bmm_fp8", out, A, _weight_rows("B", B), None, A_scale, B_scale, be)
     return out

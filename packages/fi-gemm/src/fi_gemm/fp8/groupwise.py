@@ -251,13 +251,7 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         sa = _scale("a_scale", a_scale, (kb, m), device).T
         sb = _scale("b_scale", b_scale, (kb, nb), device).T
     be = _backend(backend, GEMM_FP8_GROUPWISE)
-    if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=device)
-    else:
-        checks.shape("out", out, (m, n))
-        if out.dtype != out_dtype:
-            raise InputTypeError(f"out must be {out_dtype}, got {out.dtype}")
-        checks.last_dim_contiguous("out", out)
+    out = checks.output("out", out, (m, n), out_dtype, device)
     a = a if a.stride(-1) == 1 else a.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
     if torch.compiler.is_compiling():
@@ -364,13 +358,7 @@ def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch
     if device.type == "cuda" and total // 16 + G > 65535:
         raise UnsupportedError(f"at most 65535 16-row tiles, got {total} rows in {G} groups")
     be = _backend(backend, GROUP_GEMM_FP8_GROUPWISE)
-    if out is None:
-        out = torch.empty((total, n), dtype=out_dtype, device=device)
-    else:
-        checks.shape("out", out, (total, n))
-        if out.dtype != out_dtype:
-            raise InputTypeError(f"out must be {out_dtype}, got {out.dtype}")
-        checks.last_dim_contiguous("out", out)
+    out = checks.output("out", out, (total, n), out_dtype, device)
     a = a if a.stride(-1) == 1 else a.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
     if torch.compiler.is_compiling():

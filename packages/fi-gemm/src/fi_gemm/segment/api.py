@@ -129,15 +129,7 @@ def _segment_gemm(x, w, seg_indptr, weight_indices, out, out_dtype, backend, wha
         raise UnsupportedError(f"{what}: at most 65535 16-row tiles, got {total} rows in {s} segments")
     if knobs.check_inputs():
         _check_indptr_values(seg_indptr, total, weight_indices, w.shape[0])
-    if out is None:
-        out = torch.empty((total, n), dtype=out_dtype, device=device)
-    else:
-        checks.shape("out", out, (total, n))
-        if out.dtype != out_dtype:
-            raise InputTypeError(f"out must be {out_dtype}, got {out.dtype}")
-        if out.device != device:
-            raise InputError(f"out must be on {device}, got {out.device}")
-        checks.last_dim_contiguous("out", out)
+    out = checks.output("out", out, (total, n), out_dtype, device)
     if backend in ("auto", "cutlass", "sm80", "sm90", "cudnn"):
         backend = "auto"
     elif backend not in SEGMENT_GEMM.backend_names():
@@ -317,13 +309,7 @@ def _grouped_by_host_sizes(a, b, m_indptr, sizes, out, out_dtype):
             expect.append(expect[-1] + sz)
         if m_indptr.tolist() != expect:
             raise InputError(f"m_sizes {sizes} disagree with m_indptr {m_indptr.tolist()}")
-    if out is None:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
-    else:
-        checks.shape("out", out, (a.shape[0], b.shape[1]))
-        if out.dtype != out_dtype:
-            raise InputTypeError(f"out must be {out_dtype}, got {out.dtype}")
-        checks.last_dim_contiguous("out", out)
+    out = checks.output("out", out, (a.shape[0], b.shape[1]), out_dtype, a.device)
     r = 0
     for g, sz in enumerate(sizes):
         if sz:

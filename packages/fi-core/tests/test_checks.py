@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from fi_core import checks
+from fi_core.errors import InputError, InputTypeError
+
+
+def test_output_allocates_or_validates():
+    out = checks.output("out", None, (3, 4), torch.bfloat16, torch.device("cpu"))
+    assert out.shape == (3, 4) and out.dtype == torch.bfloat16
+    given = torch.empty(3, 4, dtype=torch.bfloat16)
+    assert checks.output("out", given, (3, 4), torch.bfloat16, torch.device("cpu")) is given
+    with pytest.raises(InputError, match=r"out must have shape \[3, 5\], got \(3, 4\)"):
+        checks.output("out", given, (3, 5), torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(InputTypeError, match="out must be float16, got bfloat16"):
+        checks.output("out", given, (3, 4), torch.float16, torch.device("cpu"))
+    with pytest.raises(InputError, match="out must be on meta, got cpu"):
+        checks.output("out", given, (3, 4), torch.bfloat16, torch.device("meta"))
+    with pytest.raises(InputError, match="contiguous in its last dimension"):
+        checks.output("out", torch.empty(4, 3, dtype=torch.bfloat16).T, (3, 4), torch.bfloat16,
+                      torch.device("cpu"))
+    with pytest.raises(InputTypeError, match="must be a torch.Tensor"):
+        checks.output("out", [1, 2], (2,), torch.float32, torch.device("cpu"))
