@@ -26,13 +26,13 @@ def heads_per_cta(group: int) -> int:
     return 1
 
 
-@functools.cache
-def decode_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
-                pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
+def _decode_module(kind: str, source: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int,
+                   gh: int, pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
+    """The two decode kernels share their launcher ABI and build defines; only the source differs."""
     pos = POS_CODES[pos_encoding_mode]
     return KernelSpec(
-        name=f"batch_decode_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}",
-        sources=(_HERE / "decode.cu",),
+        name=f"{kind}_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}",
+        sources=(_HERE / source,),
         arch=arch,
         defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
                  "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap)},
@@ -40,6 +40,14 @@ def decode_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: 
                  Entry("fi_batch_decode_occupancy", ("ptr",))),
         package="fi_attention",
     )
+
+
+@functools.cache
+def decode_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
+                pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
+    """CUDA-core kernel (decode.cu): every case."""
+    return _decode_module("batch_decode", "decode.cu", q_dtype, kv_dtype, head_dim, gh,
+                          pos_encoding_mode, soft_cap, arch)
 
 
 # Whether the default ("auto") decode path uses the tensor-core kernel where it applies. The
@@ -64,17 +72,9 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
 @functools.cache
 def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
                     pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
-    pos = POS_CODES[pos_encoding_mode]
-    return KernelSpec(
-        name=f"batch_decode_mma_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}",
-        sources=(_HERE / "decode_mma.cu",),
-        arch=arch,
-        defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
-                 "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap)},
-        entries=(Entry("fi_batch_decode", ("ptr", "stream")),
-                 Entry("fi_batch_decode_occupancy", ("ptr",))),
-        package="fi_attention",
-    )
+    """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible."""
+    return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
+                          pos_encoding_mode, soft_cap, arch)
 
 
 def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
