@@ -236,6 +236,10 @@ __device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of,
 }
 #endif
 
+// Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars.
+constexpr int kInfoOffset = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
+constexpr int kSmemBytes = kInfoOffset + 16;
+
 __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -262,7 +266,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + KN - 1) / KN : 0;
 
   // Q tile: packed rows -> (token, head); rows past the request are zero-filled.
-  for (int i = threadIdx.x; i < CTA_M * CQK; i += NT) {
+  for (int i = tid_remat(); i < CTA_M * CQK; i += NT) {  // (not hoisted out of the item loop)
     const int row = i / CQK, ch = i % CQK;
     const int pr = row_start + row;
     const int qi = pr / G, hq = kvh * G + (pr - qi * G);
@@ -276,7 +280,17 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   // This thread's rows: (mt, h) -> packed row row_start + warp * WARP_M + mt * 16 + g + 8 h.
   // Their token index is recomputed where needed instead of held in registers (the
   // accumulators need every register).
-  const int diag_min = min_qi + off, diag_max = max_qi + off;
+  // Item scalars that the kv loop needs only once per tile live in shared memory (written by
+  // thread 0, read after the loop's barrier): with d = 128, kv tiles of 64 and 32 rows per warp
+  // the 200 accumulator registers leave no room for them (they would spill to local memory).
+  // mask_above / mask_below: tiles starting above / below them need the per-element mask.
+  int* s_info = reinterpret_cast<int*>(smem + kInfoOffset);
+  if (threadIdx.x == 0) {
+    s_info[0] = kv_hi;
+    s_info[1] = min(kv_hi, p.causal ? min_qi + off + 1 : kv_hi) - KN;
+    s_info[2] = p.window_left >= 0 ? max_qi + off - p.window_left : -1;  // tile starts are >= 0
+    s_info[3] = off;
+  }
 #if FI_CUSTOM_MASK
   const uint8_t* mask = p.mask + (p.mask_indptr != nullptr ? p.mask_indptr[req] : 0);
 #endif
@@ -294,7 +308,18 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   // Without soft cap / ALiBi the logits stay raw (x = q.k) and the base-2 scale is folded into the
   // exponent's FFMA: exp2(x * scale - m * scale). Otherwise x is already in base-2 units.
   const float kXScale = (FI_SOFTCAP || FI_ALIBI) ? 1.f : p.scale_log2;
+  // ldmatrix addresses. Every fragment row r that a lane addresses has r % 8 == lane % 8, so the
+  // swizzled chunk (2 ks + b) ^ (r % 8) of k-step ks equals 2 ks ^ x with a per-lane x: the byte
+  // offset is row_off + (x * 16 ^ ks * 32). Only row_off and x * 16 are kept; they are laundered
+  // each tile (empty asm) so the compiler recomputes the per-ks XORs (one LOP3 each) instead of
+  // hoisting ~30 loop-invariant addresses into registers that the accumulators need.
+  uint32_t q_row = (warp * WARP_M + (lane & 15)) * CQK * 16;
+  uint32_t qv_x = ((lane >> 4) ^ (lane & 7)) * 16;  // Q (A operand) and V (.trans B operand)
+  uint32_t k_row = (((lane >> 4) << 3) + (lane & 7)) * CQK * 16;
+  uint32_t k_x = (((lane >> 3) & 1) ^ (lane & 7)) * 16;
+  uint32_t v_row = (lane & 15) * CVO * 16;
   for (int it = 0; it < n_tiles; ++it) {
+    asm volatile("" : "+r"(q_row), "+r"(qv_x), "+r"(k_row), "+r"(k_x), "+r"(v_row));
     const int t0 = kv_lo + it * KN;
     const uint32_t stage = sKV + (it & 1) * kStageBytes;
 #if FI_KV_FP8
@@ -307,6 +332,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     // being computed.
     fi::cp_async_wait<0>();
     __syncthreads();
+    const int kv_hi = reinterpret_cast<volatile int*>(s_info)[0];  // (same value, from smem)
     if (it + 1 < n_tiles) {
       load_stage(sKV + ((it + 1) & 1) * kStageBytes, p, r, t0 + KN, kv_hi, kvh);
       fi::cp_async_commit();
@@ -341,14 +367,12 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       uint32_t a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const int qr = warp * WARP_M + mt * 16 + (lane & 15);
-        fi::ldmatrix_x4(a[mt], sQ + (qr * CQK + fi::swizzle_chunk(qr, ks * 2 + (lane >> 4))) * 16);
+        fi::ldmatrix_x4(a[mt], sQ + q_row + (qv_x ^ (ks * 32)) + mt * 16 * CQK * 16);
       }
 #pragma unroll
       for (int np = 0; np < KN / 16; ++np) {
-        const int kr = np * 16 + ((lane >> 4) << 3) + (lane & 7);
         uint32_t b[4];
-        fi::ldmatrix_x4(b, sK + (kr * CQK + fi::swizzle_chunk(kr, ks * 2 + ((lane >> 3) & 1))) * 16);
+        fi::ldmatrix_x4(b, sK + k_row + (k_x ^ (ks * 32)) + np * 16 * CQK * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           fi::mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -359,8 +383,8 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 
     // Logits in base 2, masking, online softmax. Tiles strictly inside every row's visible
     // range (most of a long causal prefill) skip the per-element mask.
-    const bool need_mask = FI_CUSTOM_MASK || t0 + KN > kv_hi || (p.causal && t0 + KN - 1 > diag_min) ||
-                           (p.window_left >= 0 && t0 < diag_max - p.window_left);
+    const bool need_mask = FI_CUSTOM_MASK || t0 > reinterpret_cast<volatile int*>(s_info)[1] ||
+                           t0 < reinterpret_cast<volatile int*>(s_info)[2];
     // Pass 1 (soft cap / ALiBi variants, or tiles that need the mask): transform and mask the
     // logits. Hoisted out of the max/exp pass so that unmasked tiles without a transform run
     // straight-line code (a per-element `if (need_mask)` becomes one branch per element).
@@ -372,7 +396,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
         for (int h = 0; h < 2; ++h) {
           const int pr = row_start + warp * WARP_M + g + mt * 16 + 8 * h;
           const int qi = pr / G;
-          const int diag = qi + off;
+          const int diag = qi + reinterpret_cast<volatile int*>(s_info)[3];
 #if FI_ALIBI
           const float alibi_slope = __ldg(p.alibi + kvh * G + (pr - qi * G)) * fi::kLog2e;
 #endif
@@ -463,11 +487,10 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
         a[mt][2] = fi::pack2<T>(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
         a[mt][3] = fi::pack2<T>(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
       }
-      const int vr = j * 16 + (lane & 15);
 #pragma unroll
       for (int dp = 0; dp < DVO / 16; ++dp) {
         uint32_t b[4];
-        fi::ldmatrix_x4_trans(b, sV + (vr * CVO + fi::swizzle_chunk(vr, dp * 2 + (lane >> 4))) * 16);
+        fi::ldmatrix_x4_trans(b, sV + v_row + (qv_x ^ (dp * 32)) + j * 16 * CVO * 16);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           fi::mma_16816<T>(o[mt][2 * dp], a[mt], b[0], b[1]);
@@ -494,22 +517,23 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       if (slot < 0) {
         if (qi >= r.qo_len) continue;
         const int hq = kvh * G + (pr - qi * G);
+        // lse first: stored after the o row it is held across 16 stores (and spilled at d = 128).
+        if (p.lse != nullptr && t == 0) p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = lse;
         T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + 2 * t;
 #pragma unroll
         for (int d = 0; d < DVO / 8; ++d) {
           *reinterpret_cast<uint32_t*>(dst + d * 8) =
               fi::pack2<T>(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
         }
-        if (p.lse != nullptr && t == 0) p.lse[(int64_t)(r.qo_start + qi) * p.num_qo_heads + hq] = lse;
       } else {
         const int64_t base = (int64_t)slot * CTA_M + local;
+        if (t == 0) p.tmp_lse[base] = lse;
         float* dst = p.tmp_o + base * DVO + 2 * t;
 #pragma unroll
         for (int d = 0; d < DVO / 8; ++d) {
           *reinterpret_cast<float2*>(dst + d * 8) =
               make_float2(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
         }
-        if (t == 0) p.tmp_lse[base] = lse;
       }
     }
   }
@@ -606,7 +630,6 @@ Params make_params(const int64_t* ip, const double* fp) {
 
 }  // namespace
 
-constexpr int kSmemBytes = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
 
 // Runs the attention work list and then (if any item was split) the merge. `ip`/`fp` are host
 // arrays laid out as IntParam / FloatParam. Reads them at call time, so CUDA-graph capture

@@ -17,11 +17,14 @@ _HERE = Path(__file__).resolve().parent
 # m_tiles; shared memory = Q tile + 2 stages of (K, V) tiles.
 # d <= 128: 4 warps x 32 rows: every K/V fragment read from shared memory feeds two mma row
 # blocks, halving shared-memory traffic per FLOP against 16 rows per warp (the limit of
-# mma.sync attention). d = 128 takes kv tiles of 32: with 64 the o (128) + s (64) fp32
-# accumulators spill past 255 registers; 248 registers x 128 threads still fit 2 CTAs per SM.
+# mma.sync attention). d = 128 takes kv tiles of 64 (FlashAttention-2's 128 x 64): one barrier
+# and one softmax reduction per 64 keys, Q fragments re-read once per 64 keys. Its o (128) + s (64)
+# fp32 accumulators fill 255 registers with 0 spills only because the kernel keeps item scalars
+# in shared memory and recomputes ldmatrix addresses per tile; 255 x 128 threads fit 2 CTAs per
+# SM, 2 x 96 KiB of shared memory too (sm_90; sm_80: 1 CTA; sm_86/89: 96 KiB <= 99 KiB).
 # d = 256 / 192: 4 warps x 16 rows keep the o accumulator within 255 registers, and kv tiles
 # of 32 keep Q + 2 x (K + V) <= 96 KiB, inside sm_86/89's 99 KiB of shared memory per CTA.
-TILE_CONFIG = {64: (4, 2, 64), 128: (4, 2, 32), 192: (4, 1, 32), 256: (4, 1, 32)}
+TILE_CONFIG = {64: (4, 2, 64), 128: (4, 2, 64), 192: (4, 1, 32), 256: (4, 1, 32)}
 
 
 # Narrow tiles (16 rows per warp, 64 per CTA) for d <= 128: custom-mask variants (reading mask
@@ -47,7 +50,18 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
 
 def smem_bytes(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
     kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)[2]
-    return (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk + 2 * kv_tile * (head_dim_qk + head_dim_vo)) * 2
+    return (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk + 2 * kv_tile * (head_dim_qk + head_dim_vo)) * 2 + 16
+
+
+def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,
+                alibi: bool, rope: bool) -> int:
+    """The kv tile a variant is compiled with. 32 rows per warp at d = 128 with kv tiles of 64
+    fills all 255 registers; variants with more live state (paged page lookups, ALiBi slopes,
+    RoPE) and sm_8x code (ptxas allocates differently) spill there, so they keep kv tiles of 32.
+    The kv tile is invisible to the host (the planner only needs the CTA rows)."""
+    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or paged or alibi or rope):
+        return 32
+    return kv_tile
 
 
 ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_fa2_info", ("ptr",)))
@@ -62,6 +76,7 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
     flags = "".join(f for f, on in (("p", paged), ("m", custom_mask), ("s", softcap), ("a", alibi),
                                     ("r", rope)) if on)
     warps, m_tiles, kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask, short)
+    kv_tile = fa2_kv_tile(warps, m_tiles, kv_tile, max(head_dim_qk, head_dim_vo), arch, paged, alibi, rope)
     return KernelSpec(
         name=(f"prefill_fa2_{tag(dtype)}{'_kv' + tag(kv_dtype) if fp8 else ''}_d{head_dim_qk}x{head_dim_vo}"
               f"_w{warps}m{m_tiles}n{kv_tile}"
