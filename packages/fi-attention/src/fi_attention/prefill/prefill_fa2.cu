@@ -163,7 +163,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
   // Not unrolled: an unrolled loop keeps every row's 64-bit source address live at once, and
   // those registers are what the mma accumulators need.
 #pragma unroll 1
-  for (int i = threadIdx.x; i < KN * CH; i += NT) {
+  for (int i = tid_remat(); i < KN * CH; i += NT) {
     const int row = i / CH, ch = i % CH;
     const int pos = t0 + row;
     const bool ok = pos < kv_hi;
