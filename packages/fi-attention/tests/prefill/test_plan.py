@@ -164,3 +164,26 @@ def test_work_list_replayed_with_reference_math_equals_attention(causal, window_
     for b in range(len(qo_lens)):
         want = attention_reference(qs[b], ks[b], vs[b], causal=causal, window_left=window_left, sm_scale=0.25)
         torch.testing.assert_close(out[b], want, rtol=1e-5, atol=1e-5)
+
+
+def test_fa2_kv_tile_per_variant_keeps_cta_rows():
+    """d = 128 compiles kv tiles of 64 only where ptxas keeps it spill-free (sm_90 without paging,
+    ALiBi or RoPE); the planner sees the same CTA rows either way (the kv tile is kernel-internal)."""
+    from fi_core import Arch  # noqa: PLC0415
+    from fi_attention.prefill.spec import cta_rows, fa2_spec  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    bf = torch.bfloat16
+    hopper, ampere = Arch.parse("9.0a"), Arch.parse("8.0")
+
+    def kv_tile(arch, paged=False, **kw):
+        return int(dict(fa2_spec(bf, 128, 128, paged, arch, **kw).defines)["FI_KV_TILE"])
+
+    assert kv_tile(hopper) == 64 and kv_tile(hopper, softcap=True) == 64
+    assert kv_tile(hopper, kv_dtype=torch.float8_e4m3fn) == 64
+    assert kv_tile(hopper, paged=True) == 32 and kv_tile(hopper, alibi=True) == 32 and kv_tile(hopper, rope=True) == 32
+    assert kv_tile(ampere) == 32
+    assert kv_tile(hopper, custom_mask=True) == 64 and kv_tile(hopper, short=True) == 64  # narrow 16-row tiles
+    assert int(dict(fa2_spec(bf, 64, 64, False, ampere).defines)["FI_KV_TILE"]) == 64
+    assert cta_rows(128, 128) == 128
