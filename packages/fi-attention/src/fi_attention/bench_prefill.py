@@ -40,12 +40,12 @@ def _check(ours, base, what):
 
 
 def _apply_tile_option(args: RoutineArgs) -> str:
-    """Apply ``tile=W,M,N`` to the fa2 tile table (d = 128); returns a label for the config."""
+    """Apply ``tile=WxMxN`` (or ``W,M,N``) to the fa2 tile table (d = 128); returns a label for the config."""
     from fi_attention.prefill import api, launch, spec  # noqa: PLC0415
 
     tile = args.options.get("tile")
     if tile:
-        spec.TILE_CONFIG[128] = tuple(int(x) for x in tile.split(","))
+        spec.TILE_CONFIG[128] = tuple(int(x) for x in tile.replace("x", ",").split(","))
         spec.fa2_spec.cache_clear()
         launch._occupancy.cache_clear()
         api._single_schedule.cache_clear()

@@ -86,6 +86,12 @@ def _torch_fused(x, r, w, eps=1e-6):
          help="fused_add_rmsnorm 8192x8192 bf16 (in place) vs eager torch add + F.rms_norm")
 def bench_fused_add_rmsnorm(args: RoutineArgs):
     dev = torch.device(args.device)
+    config = f"{TOKENS}x{HIDDEN} bf16"
+    if "fused_nv" in args.options:  # A/B: vectors per thread of the fused kernel
+        from .norm import spec  # noqa: PLC0415
+        spec.FUSED_NV = int(args.options["fused_nv"])
+        spec.norm_spec.cache_clear()
+        config += f" [fused_nv={spec.FUSED_NV}]"
     x, r, w = _x((TOKENS, HIDDEN), dev, 0), _x((TOKENS, HIDDEN), dev, 1), _x((HIDDEN,), dev, 2)
     want_x, want_r = fused_add_rmsnorm_reference(x, r, w)
     fused_add_rmsnorm(x, r, w)
@@ -97,7 +103,7 @@ def bench_fused_add_rmsnorm(args: RoutineArgs):
                                       _x((TOKENS, HIDDEN), dev, 2 * i + 1), w), dev)
     ours = time_fn(lambda x, r, w: fused_add_rmsnorm(x, r, w), sets)
     base = time_fn(_torch_fused, sets)
-    yield BenchRow("fused_add_rmsnorm", f"{TOKENS}x{HIDDEN} bf16", ours, bytes=_rms_bytes(True),
+    yield BenchRow("fused_add_rmsnorm", config, ours, bytes=_rms_bytes(True),
                    flops=5.0 * TOKENS * HIDDEN, baseline=("torch add_ + F.rms_norm + copy_", base),
                    target_us=130.0, backend="cuda")
 

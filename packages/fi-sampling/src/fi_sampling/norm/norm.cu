@@ -23,6 +23,11 @@
 #ifndef FI_T
 #define FI_T __nv_bfloat16
 #endif
+// Vectors per thread of the fused register kernel (0: plan_rows decides). A tuning define: the
+// fused_add_rmsnorm bench routine's option fused_nv=N builds a module with it for A/B runs.
+#ifndef FI_FUSED_NV
+#define FI_FUSED_NV 0
+#endif
 
 namespace {
 
@@ -337,10 +342,11 @@ int pick_vw(int cols, std::initializer_list<int64_t> strides, std::initializer_l
 
 // Target 4 vectors per thread (64 bytes in flight per thread at VW = 16 B); more only when the
 // row needs more than kRegsThreads threads and the floats still fit (NV * VW <= kMaxFloats).
-Plan plan_rows(int64_t rows, int cols, int vw, int max_nv) {
+Plan plan_rows(int64_t rows, int cols, int vw, int max_nv, int force_nv = 0) {
   const int nvec = cols / vw;
   Plan p{};
   int nv = 4 * vw <= kMaxFloats ? 4 : kMaxFloats / vw;
+  if (force_nv > 0 && force_nv * vw <= kMaxFloats && force_nv <= max_nv) nv = force_nv;
   int64_t need = fi::ceil_div<int64_t>(nvec, nv);
   while (need > kRegsThreads && 2 * nv * vw <= kMaxFloats && 2 * nv <= max_nv) {
     nv *= 2;
@@ -355,7 +361,7 @@ Plan plan_rows(int64_t rows, int cols, int vw, int max_nv) {
   int tpr = 4;
   while (tpr < need && tpr < 32) tpr <<= 1;
   if (need > 32) tpr = (int)fi::round_up<int64_t>(need, 32);
-  while (nv > 1 && (int64_t)tpr * (nv / 2) >= nvec) nv >>= 1;  // fewest vectors that cover the row
+  while (nv > 1 && (int64_t)tpr * (nv / 2) >= nvec && nv != force_nv) nv >>= 1;  // fewest vectors covering the row
   if (nv == 1) nv = 2;                                         // NV in {2, 4, 8, 16} is instantiated
   p.nv = nv;
   p.tpr = tpr;
@@ -443,7 +449,7 @@ FI_EXPORT int fi_rmsnorm(void* out, const void* in, void* residual, const void* 
                        : pick_vw(c, {out_s0, out_s1, in_s0, in_s1}, {out, in, weight});
   const RowMap mo{inner, out_s0, out_s1}, mi{inner, in_s0, in_s1}, mr{inner, res_s0, res_s1};
   // Fused rows hold three arrays; 16 vectors of <= 4 bytes per thread would not fit in 128 regs.
-  const Plan p = plan_rows(rows, c, vw, fused ? 8 : 16);
+  const Plan p = plan_rows(rows, c, vw, fused ? 8 : 16, fused ? FI_FUSED_NV : 0);
   T* o = static_cast<T*>(out);
   const T* x = static_cast<const T*>(in);
   T* r = static_cast<T*>(residual);
