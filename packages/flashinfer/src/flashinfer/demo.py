@@ -49,7 +49,8 @@ class Ops:
     device: torch.device
     used: dict = field(default_factory=dict)
 
-    def get(self, module: str, name: str, fallback: Callable, op_name: Optional[str] = None):
+    def get(self, module: str, name: str, fallback: Callable, op_name: Optional[str] = None,
+            dtype: torch.dtype = torch.bfloat16):
         import importlib  # noqa: PLC0415
 
         try:
@@ -58,18 +59,18 @@ class Ops:
         except (ImportError, AttributeError):
             fn, where = fallback, "torch (not provided by fi yet)"
         if where == "fi":
-            where = self._backend(op_name or name)
+            where = self._backend(op_name or name, dtype)
         self.used[f"{module}.{name}"] = where
         return fn
 
-    def _backend(self, op_name: str) -> str:
+    def _backend(self, op_name: str, dtype: torch.dtype) -> str:
         from fi_core.registry import OPS  # noqa: PLC0415
 
         op = OPS.get(op_name)
         if op is None:
             return "fi"
         try:
-            return f"fi:{op.choose(self.device, torch.bfloat16).name}"
+            return f"fi:{op.choose(self.device, dtype).name}"
         except Exception as exc:  # report, the call itself will raise if it cannot run
             return f"fi (backend choice failed: {exc})"
 
@@ -153,8 +154,9 @@ def run_demo(cfg: Config, device: torch.device, seed: int = 0) -> dict:
     fused_add_rmsnorm = ops.get("norm", "fused_add_rmsnorm", _fused_add_rmsnorm)
     silu_and_mul = ops.get("activation", "silu_and_mul", _silu_and_mul)
     rope = ops.get("rope", "apply_rope_pos_ids", _rope_pos_ids)
-    softmax = ops.get("sampling", "softmax", _softmax)
-    sample = ops.get("sampling", "top_p_sampling_from_probs", _sample_top_p)
+    # logits and probabilities are float32: report the backend chosen for that dtype
+    softmax = ops.get("sampling", "softmax", _softmax, dtype=torch.float32)
+    sample = ops.get("sampling", "top_p_sampling_from_probs", _sample_top_p, dtype=torch.float32)
     append = ops.get("page", "append_paged_kv_cache", None)
     Wrapper = ops.get("decode", "BatchDecodeWithPagedKVCacheWrapper", None,
                       op_name="batch_decode_with_paged_kv_cache")

@@ -12,8 +12,8 @@ from fi_core.dtypes import cuda_type, tag
 
 _HERE = Path(__file__).resolve().parent
 
-# Vectors per thread of the fused register kernel, 0 = the launcher's planner. Changed only by the
-# fused_add_rmsnorm bench routine (option fused_nv=N) for A/B runs; not a user setting.
+# Vectors per thread the fused register kernel starts from, 0 = the source's default (2). Changed
+# only by the fused_add_rmsnorm bench routine (option fused_nv=N) for A/B runs; not a user setting.
 FUSED_NV = 0
 
 # fi_rmsnorm(out, in, residual|NULL, weight, rows, cols, inner, out_s0, out_s1, in_s0, in_s1,
