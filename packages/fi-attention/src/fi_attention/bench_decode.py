@@ -32,6 +32,17 @@ QUICK = {"GQA 32/8 b64 kv4096", "GQA 32/8 b1 kv32768", "fp8e4m3 GQA 32/8 b128 kv
 PAGE, D = 16, 128
 
 
+def _apply_variant_option(args: RoutineArgs) -> str:
+    """``mma_variant=N`` rebuilds the tensor-core kernel with FI_MMA_VARIANT=N (A/B runs)."""
+    if "mma_variant" not in args.options:
+        return ""
+    from .decode import spec  # noqa: PLC0415
+
+    spec.MMA_VARIANT = int(args.options["mma_variant"])
+    spec.decode_mma_spec.cache_clear()
+    return f" [mma_variant={spec.MMA_VARIANT}]"
+
+
 def _tables(batch, kv_len, dev):
     pages = -(-kv_len // PAGE)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
@@ -70,11 +81,12 @@ def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:
          help="paged batch decode (page 16, NHD, head_dim 128) vs torch SDPA on contiguous KV")
 def batch_decode_routine(args: RoutineArgs):
     dev = args.device
+    suffix = _apply_variant_option(args)
     host = _host_times(dev)
     for label, batch, kv_len, hq, hkv, kv_dtype, target in BATCH_CONFIGS:
         if args.quick and label not in QUICK:
             continue
-        yield _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target)
+        yield _batch_row(dev, host, label + suffix, batch, kv_len, hq, hkv, kv_dtype, target)
         torch.cuda.empty_cache()
 
 

@@ -45,12 +45,24 @@ static_assert(GH >= 1 && GH <= 8, "at most 8 query heads per CTA (MMA rows 0..7)
 
 constexpr bool KV8 = sizeof(KVT) == 1;
 using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
+// Memory-parallelism variant (a tuning define; the decode bench routine's option mma_variant=N
+// builds a module with another value for A/B runs on the GPU):
+//   0  one 16-token tile (two for fp8) per warp iteration, loads issued before any use;
+//   1  as 0, and each warp asks L2 for its next iteration's K/V rows (one bulk prefetch per lane,
+//      no registers) before computing the current one, so the next loads hit L2;
+//   2  two tiles per iteration for 16-bit caches too, at 2 CTAs per SM (the registers of 2 tiles).
+#ifndef FI_MMA_VARIANT
+#define FI_MMA_VARIANT 0
+#endif
+constexpr int VARIANT = FI_MMA_VARIANT;
+static_assert(VARIANT >= 0 && VARIANT <= 2, "FI_MMA_VARIANT is 0, 1 or 2");
 constexpr int NW = 4;
 constexpr int KD = D / 4;       // K elements per lane per token
 constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
 constexpr int KBYTES = KD * int(sizeof(KVT));
-constexpr int TILES = KV8 ? 2 : 1;
+constexpr int TILES = (KV8 || VARIANT == 2) ? 2 : 1;
+constexpr int CTAS_PER_SM = (!KV8 && VARIANT == 2) ? 2 : 3;
 constexpr int VBYTES = VD * int(sizeof(KVT));
 
 using Params = fi_attn::DecodeParams<QT, KVT>;
@@ -129,7 +141,7 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 }
 
 // 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
-__global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) {
+__global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const Params p) {
   // 1-D grid, the item's (kv head, head subgroup) units adjacent: in CUDA-graph mode the grid
   // covers the capacity and the idle items past num_work come last, after all real work.
   const int nunits = (p.hq / p.group) * p.nsub;
@@ -204,6 +216,23 @@ __global__ void __launch_bounds__(NW * 32, 3) decode_mma_kernel(const Params p) 
         const int t = base + 2 * c + (j & 1) + 8 * (j >> 1);
         const int64_t pid = fi_attn::page_of(p, page_lo, min(t, hi - 1), off);
         rv[tile][j].load(vb + pid * p.v_sp + off * p.v_st);
+      }
+    }
+    if constexpr (VARIANT == 1) {
+      // Lane l: row (l & 15) of the warp's next tile, K for l < 16 and V for the rest.
+      const int nb = base0 + NW * 16 * TILES;
+      if (nb < hi) {
+#pragma unroll
+        for (int tile = 0; tile < TILES; ++tile) {
+          const int t = nb + 16 * tile + (lane & 15);
+          if (t < hi) {
+            int off;
+            const int64_t pid = fi_attn::page_of(p, page_lo, t, off);
+            const KVT* row = lane < 16 ? p.k + kvh * p.k_sh + pid * p.k_sp + off * p.k_st
+                                       : p.v + kvh * p.v_sh + pid * p.v_sp + off * p.v_st;
+            fi_attn::prefetch_l2<D * int(sizeof(KVT))>(row);
+          }
+        }
       }
     }
 #pragma unroll

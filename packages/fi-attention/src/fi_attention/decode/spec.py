@@ -14,6 +14,9 @@ from fi_core.dtypes import cuda_type, tag
 _HERE = Path(__file__).resolve().parent
 
 POS_CODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
+# Memory-parallelism variant of the tensor-core kernel (FI_MMA_VARIANT in decode_mma.cu), 0 = the
+# source's default. Changed only by the decode bench routine (option mma_variant=N) for A/B runs.
+MMA_VARIANT = 0
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -27,15 +30,18 @@ def heads_per_cta(group: int) -> int:
 
 
 def _decode_module(kind: str, source: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int,
-                   gh: int, pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
+                   gh: int, pos_encoding_mode: str, soft_cap: bool, arch: Arch,
+                   extra: dict | None = None) -> KernelSpec:
     """The two decode kernels share their launcher ABI and build defines; only the source differs."""
     pos = POS_CODES[pos_encoding_mode]
+    extra = extra or {}
+    suffix = "".join(f"_{k.lower().replace('fi_', '')}{v}" for k, v in sorted(extra.items()))
     return KernelSpec(
-        name=f"{kind}_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}",
+        name=f"{kind}_{tag(q_dtype)}_{tag(kv_dtype)}_d{head_dim}_gh{gh}_p{pos}_c{int(soft_cap)}{suffix}",
         sources=(_HERE / source,),
         arch=arch,
         defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
-                 "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap)},
+                 "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap), **extra},
         entries=(Entry("fi_batch_decode", ("ptr", "stream")),
                  Entry("fi_batch_decode_occupancy", ("ptr",))),
         package="fi_attention",
@@ -74,7 +80,8 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
                     pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
     """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible."""
     return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
-                          pos_encoding_mode, soft_cap, arch)
+                          pos_encoding_mode, soft_cap, arch,
+                          {"FI_MMA_VARIANT": MMA_VARIANT} if MMA_VARIANT else None)
 
 
 def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Run one benchmark case a few times so Nsight Compute can profile its kernels on the GPU:
+
+    ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 1 \
+        python3 tools/ncu_case.py decode_b128
+
+Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192),
+prefill_paged (fa3 16 x 2048 causal, page 16). Each call is checked nowhere: the bench routines
+and GPU tests check these shapes; this script only launches them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def _decode(batch, kv_len, kv_dtype=torch.bfloat16, hq=32, hkv=8, d=128, page=16):
+    from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+
+    pages = -(-kv_len // page)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), kv_len - (pages - 1) * page, dtype=torch.int32)
+    cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda").to(kv_dtype)
+    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    return lambda: w.run(q, cache)
+
+
+def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16):
+    from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
+
+    pages = length // page
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * length
+    kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), page, dtype=torch.int32)
+    cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+                                            backend="fa3")
+    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=torch.bfloat16)
+    return lambda: w.run(q, cache)
+
+
+CASES = {
+    "decode_b128": lambda: _decode(128, 8192),
+    "decode_b1": lambda: _decode(1, 32768),
+    "decode_fp8": lambda: _decode(128, 8192, torch.float8_e4m3fn),
+    "prefill_paged": _prefill_paged,
+}
+
+
+def main() -> int:
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: ncu_case.py {{{'|'.join(CASES)}}}", file=sys.stderr)
+        return 2
+    fn = CASES[sys.argv[1]]()
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
