@@ -60,6 +60,12 @@ def _bytes(cache_rows: bool) -> float:
          help="in-place RoPE from a float32 cos/sin cache vs eager torch")
 def bench_rope_cos_sin_cache_inplace(args: RoutineArgs):
     dev = torch.device(args.device)
+    config = f"nnz={NNZ} heads={HQ}/{HK} d={D} bf16 neox"
+    if "variant" in args.options:  # A/B: shape of the cos/sin-cache kernel (FI_ROPE_CACHE_VARIANT)
+        from .rope import spec  # noqa: PLC0415
+        spec.CACHE_VARIANT = int(args.options["variant"])
+        spec.rope_spec.cache_clear()
+        config += f" [variant={spec.CACHE_VARIANT}]"
     freqs = rope_frequencies(D, 1.0, 1e4, device=dev)
     cos, sin = cos_sin_from_positions(torch.arange(MAX_POS, device=dev), freqs)
     cache = torch.cat((cos, sin), dim=1).contiguous()
@@ -78,8 +84,7 @@ def bench_rope_cos_sin_cache_inplace(args: RoutineArgs):
     sets = rotating_inputs(make, dev)
     ours = time_fn(lambda p, q, k: apply_rope_with_cos_sin_cache_inplace(p, q, k, D, cache, True), sets)
     base = time_fn(lambda p, q, k: _torch_cache_inplace(p, q, k, D, cache), sets)
-    yield BenchRow("apply_rope_with_cos_sin_cache_inplace",
-                   f"nnz={NNZ} heads={HQ}/{HK} d={D} bf16 neox", ours, bytes=_bytes(True),
+    yield BenchRow("apply_rope_with_cos_sin_cache_inplace", config, ours, bytes=_bytes(True),
                    baseline=("torch eager (gather cache, rotate, copy back)", base),
                    target_us=45.0, backend="cuda")
 

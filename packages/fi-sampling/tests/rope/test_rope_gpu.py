@@ -152,6 +152,38 @@ def test_cos_sin_cache_on_fused_qkv(rd, neox, inplace, dtype):
     _close(ko.reshape(nnz, hk, d), rk, "k: ")
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("hq,hk,d,rd,dtype", [
+    (5, 2, 128, 128, torch.bfloat16),  # 7 heads: the last head group of the cache kernel is partial
+    (7, 2, 64, 24, torch.float16),     # rotary_dim / 2 = 12: 8-byte runs; tail copy out of place
+    (3, 1, 80, 32, torch.bfloat16),    # 3 + 1 heads, 16-byte runs, 48-wide tail
+    (7, 1, 64, 4, torch.bfloat16),     # rotary_dim / 2 = 2: 4-byte runs
+    (7, 1, 64, 6, torch.float16),      # rotary_dim / 2 = 3: 2-byte runs (rope_kernel, not the cache kernel)
+    (33, 7, 128, 64, torch.bfloat16),  # 40 heads but 33 q heads: head groups straddle q and k
+])
+def test_cos_sin_cache_edges(hq, hk, d, rd, dtype, neox, inplace):
+    # Head counts and rotary widths that the bench shape (32/8 heads, rd 128) never reaches: every
+    # access width of the cache kernel, partial head groups, and the tail copy of out-of-place calls.
+    nnz, max_pos = 301, 700
+    q, k = _qk(nnz, hq, hk, d, dtype, seed=51)
+    cache = testing.randn((max_pos, rd), torch.float32, DEV, seed=52)
+    pos = _pos(nnz, torch.int32 if neox else torch.int64, high=max_pos)
+    rq, rk = rope_reference(q, k, pos_ids=pos, cos_sin_cache=cache, interleave=not neox)
+    if inplace:
+        q0, k0 = q.clone(), k.clone()
+        rope.apply_rope_with_cos_sin_cache_inplace(pos, q, k, d, cache, neox)
+        assert torch.equal(q[..., rd:], q0[..., rd:]) and torch.equal(k[..., rd:], k0[..., rd:])
+        qo, ko = q, k
+    else:
+        qo = testing.empty_poisoned(q.shape, dtype, DEV)
+        ko = testing.empty_poisoned(k.shape, dtype, DEV)
+        _core(q, k, qo, ko, pos_ids=pos, cache=cache, rotary_dim=rd, interleave=not neox)
+        assert torch.equal(qo[..., rd:], q[..., rd:]) and torch.equal(ko[..., rd:], k[..., rd:])
+    _close(qo, rq, "q: ")
+    _close(ko, rk, "k: ")
+
+
 def test_cache_position_out_of_range_gives_nan():
     q, k = _qk(4, 4, 1, 64, torch.bfloat16)
     cache = testing.randn((10, 64), torch.float32, DEV)

@@ -10,15 +10,41 @@
 // group (q heads then k heads), kBatch heads' loads in flight at a time. Out-of-place calls also
 // have "tail" lanes that copy the elements past rotary_dim.
 //
+// Cos/sin cache. Angles read from the cache need no setup math, so that path has its own kernel
+// (rope_cache_kernel) built for bytes in flight: a thread issues the loads of all its kCacheHeads
+// heads before it waits on anything (the token's position included), then reads the cache row that
+// depends on the position, then rotates and stores. FI_ROPE_CACHE_VARIANT picks its shape (below).
+//
 // Accuracy. Frequencies are evaluated in fp64 and rounded once to fp32, and the angle is the fp32
 // product float(pos) * freq, which the fp32 reference reproduces bit for bit. The angle is then
 // reduced modulo 2*pi in fp64 before the fp32 sincosf, so positions up to 2^24 keep full fp32
 // accuracy (a fp32 reduction of pos * freq ~ 1e6 would lose ~7 bits).
+#include <type_traits>
+
 #include "fi/common.cuh"
 #include "fi/vec.cuh"
 
 #ifndef FI_T
 #error "FI_T (element type) must be defined by the spec"
+#endif
+// Cos/sin-cache path, a tuning define (the apply_rope_with_cos_sin_cache_inplace bench routine's
+// option variant=N builds a module with another value for A/B runs):
+//   0: the computed-angle kernel with a cache row (two batches of 2 heads, L2 prefetch of the
+//      second; 78 registers on sm_90a for bf16: 3 blocks, 768 threads per SM, 64 B of loads per
+//      thread), the behaviour before the dedicated kernel;
+//   1: rope_cache_kernel, 4 heads per thread, at most 64 registers (64 used for bf16 16-byte
+//      runs: 4 blocks, 1024 threads per SM, 128 B of loads per thread issued at once);
+//   2: 2 heads per thread, at most 64 registers (62 used: still 4 blocks; twice the threads per
+//      token and half the bytes per thread of 1);
+//   3: 8 heads per thread, at most 128 registers (103-107 used: 2 blocks, 512 threads per SM,
+//      256 B per thread; pos and cache row amortised over twice the heads).
+// 1 is the default: the most threads per SM at which 128 B per thread fit without spills, the
+// shape that gave fused_add_rmsnorm 145 -> 130 us (64 registers, 1024 threads per SM).
+#ifndef FI_ROPE_CACHE_VARIANT
+#define FI_ROPE_CACHE_VARIANT 1
+#endif
+#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 3
+#error "FI_ROPE_CACHE_VARIANT must be 0, 1, 2 or 3"
 #endif
 
 namespace {
@@ -31,6 +57,14 @@ constexpr int kThreads = 256;
 template <int VEC>
 constexpr int kBatch = VEC >= 8 ? 2 : 4;
 constexpr int kPrefetch = 2;  // batches of heads prefetched into L2 ahead of their loads
+
+// rope_cache_kernel: heads per thread (0: the cache path uses rope_kernel) and the minimum resident
+// blocks of kThreads that __launch_bounds__ asks for, which caps the registers at
+// 65536 / (kThreads * blocks) (64 for 4 blocks, 128 for 2).
+constexpr int kCacheHeads = FI_ROPE_CACHE_VARIANT == 0 ? 0
+                          : FI_ROPE_CACHE_VARIANT == 1 ? 4
+                          : FI_ROPE_CACHE_VARIANT == 2 ? 2 : 8;
+constexpr int kCacheMinBlocks = kCacheHeads == 8 ? 2 : 4;
 
 struct RopeParams {
   const T* q;
@@ -97,7 +131,21 @@ FI_DEVICE void sincos_reduced(float angle, float* s, float* c) {
   sincosf(__double2float_rn(r), s, c);
 }
 
-template <int VEC>
+// Cache row reads. READ_ONLY: through the non-coherent read-only path (ld.global.nc), which keeps
+// the row in L1 for the other head groups of the token; the cache is never written by the kernel.
+template <bool READ_ONLY>
+FI_DEVICE float4 load_f4(const float* ptr) {
+  if constexpr (READ_ONLY) return __ldg(reinterpret_cast<const float4*>(ptr));
+  return *reinterpret_cast<const float4*>(ptr);
+}
+
+template <bool READ_ONLY>
+FI_DEVICE float load_f1(const float* ptr) {
+  if constexpr (READ_ONLY) return __ldg(ptr);
+  return *ptr;
+}
+
+template <int VEC, bool READ_ONLY = false>
 FI_DEVICE void load_cos_sin(const RopeParams& p, int64_t pos, int f0, float (&c)[VEC], float (&s)[VEC]) {
   if (pos < 0 || pos >= p.max_pos) {
     // Out-of-range position: NaN outputs instead of an out-of-bounds read or a silent answer.
@@ -109,22 +157,90 @@ FI_DEVICE void load_cos_sin(const RopeParams& p, int64_t pos, int f0, float (&c)
   if constexpr (VEC % 4 == 0) {  // launcher guarantees 16-byte alignment for this case
 #pragma unroll
     for (int i = 0; i < VEC; i += 4) {
-      const float4 cv = *reinterpret_cast<const float4*>(row + f0 + i);
-      const float4 sv = *reinterpret_cast<const float4*>(row + p.half + f0 + i);
+      const float4 cv = load_f4<READ_ONLY>(row + f0 + i);
+      const float4 sv = load_f4<READ_ONLY>(row + p.half + f0 + i);
       c[i] = cv.x; c[i + 1] = cv.y; c[i + 2] = cv.z; c[i + 3] = cv.w;
       s[i] = sv.x; s[i + 1] = sv.y; s[i + 2] = sv.z; s[i + 3] = sv.w;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      c[i] = row[f0 + i];
-      s[i] = row[p.half + f0 + i];
+      c[i] = load_f1<READ_ONLY>(row + f0 + i);
+      s[i] = load_f1<READ_ONLY>(row + p.half + f0 + i);
     }
   }
 }
 
 FI_DEVICE void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
+// VEC elements (VEC even) held as VEC/2 packed 32-bit words. The compiler splits a vec_t of 16-bit
+// elements into one register per element (4 heads of 16-byte bf16 runs then spilled 112 B under
+// the 64-register cap); packed words keep a 16-byte run in 4 registers, and the rotation unpacks
+// one word at a time.
+template <int VEC>
+struct Packed {
+  static_assert(VEC % 2 == 0 && VEC * sizeof(T) <= 16, "Packed holds 2 to 8 elements of 2 bytes");
+  static constexpr int kWords = VEC / 2;
+  uint32_t w[kWords];
+
+  // q/k runs are read exactly once: no L1 allocation, which leaves L1 to the cache rows that every
+  // head group of a token re-reads. Coherent (not .nc): in-place calls store to these addresses.
+  FI_DEVICE void load_no_l1(const T* ptr) {
+    if constexpr (kWords == 4) {
+      asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr));
+    } else if constexpr (kWords == 2) {
+      asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(ptr));
+    } else {
+      asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(ptr));
+    }
+  }
+
+  FI_DEVICE void store(T* ptr) const {
+    if constexpr (kWords == 4) *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
+    else if constexpr (kWords == 2) *reinterpret_cast<uint2*>(ptr) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint32_t*>(ptr) = w[0];
+  }
+};
+
+// The two elements of a packed word as floats (low half first), and back with round-to-nearest.
+FI_DEVICE float2 unpack2(uint32_t w) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+}
+
+FI_DEVICE uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// rotate_pairs on packed runs, one word (NeoX: one word of a and one of b) at a time.
+template <bool INTERLEAVE, int VEC>
+FI_DEVICE void rotate_packed(Packed<VEC>& a, Packed<VEC>& b, const float (&c)[VEC],
+                             const float (&s)[VEC]) {
+  constexpr int kW = Packed<VEC>::kWords;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    const float2 x = unpack2(a.w[k]), y = unpack2(b.w[k]);
+    if constexpr (INTERLEAVE) {  // pair i = word i of a ++ b: (low, high)
+      a.w[k] = pack2(x.x * c[k] - x.y * s[k], x.y * c[k] + x.x * s[k]);
+      b.w[k] = pack2(y.x * c[kW + k] - y.y * s[kW + k], y.y * c[kW + k] + y.x * s[kW + k]);
+    } else {  // pairs 2k and 2k + 1: (low of a, low of b) and (high of a, high of b)
+      const int i = 2 * k;
+      a.w[k] = pack2(x.x * c[i] - y.x * s[i], x.y * c[i + 1] - y.y * s[i + 1]);
+      b.w[k] = pack2(y.x * c[i] + x.x * s[i], y.y * c[i + 1] + x.y * s[i + 1]);
+    }
+  }
 }
 
 FI_DEVICE const T* head_in(const RopeParams& p, int64_t t, int h) {
@@ -238,8 +354,85 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   }
 }
 
+// Cos/sin-cache kernel. A thread is one (token, group of HEADS heads, lane), like rope_kernel's,
+// but its loads are ordered for latency: the position load, then the loads of all its heads (they
+// do not depend on the position, and nothing is stored yet, so in-place aliasing cannot hold them
+// back), then the cache row (which waits on the position while the head loads are in flight),
+// then the rotations and stores. The register cap (kCacheMinBlocks) keeps all HEADS heads in
+// registers with more threads per SM than rope_kernel's 3 blocks.
+template <bool INTERLEAVE, int VEC, int HEADS>
+__global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(const RopeParams p) {
+  const int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
+  const int64_t per_token = (int64_t)p.groups * p.lanes;
+  const int64_t t = item / per_token;
+  if (t >= p.nnz) return;
+  const int rem = static_cast<int>(item - t * per_token);
+  const int g = rem / p.lanes;
+  const int lane = rem - g * p.lanes;
+  const int h0 = g * HEADS;
+  const int n = min(HEADS, p.hq + p.hk - h0);  // heads of this thread (fewer in the last group)
+
+  if (lane >= p.rot_lanes) {
+    // Tail copy (out-of-place only): elements [rotary_dim, head_dim) pass through unchanged.
+    const int off = 2 * p.half + (lane - p.rot_lanes) * VEC;
+    Packed<VEC> x[HEADS];
+#pragma unroll
+    for (int j = 0; j < HEADS; ++j)
+      if (j < n) x[j].load_no_l1(head_in(p, t, h0 + j) + off);
+#pragma unroll
+    for (int j = 0; j < HEADS; ++j)
+      if (j < n) x[j].store(head_out(p, t, h0 + j) + off);
+    return;
+  }
+
+  const int f0 = lane * VEC;
+  const int off_a = INTERLEAVE ? 2 * f0 : f0;
+  const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
+  const int64_t pos = token_position(p, t);
+  Packed<VEC> a[HEADS], b[HEADS];
+#pragma unroll
+  for (int j = 0; j < HEADS; ++j) {
+    if (j < n) {
+      const T* src = head_in(p, t, h0 + j);
+      a[j].load_no_l1(src + off_a);
+      b[j].load_no_l1(src + off_b);
+    }
+  }
+  float c[VEC], s[VEC];
+  load_cos_sin<VEC, true>(p, pos, f0, c, s);
+#pragma unroll
+  for (int j = 0; j < HEADS; ++j) {
+    if (j < n) {
+      rotate_packed<INTERLEAVE, VEC>(a[j], b[j], c, s);
+      T* dst = head_out(p, t, h0 + j);
+      a[j].store(dst + off_a);
+      b[j].store(dst + off_b);
+    }
+  }
+}
+
+// One thread per (token, group of kCacheHeads heads, lane), no per-thread head loop: the bench
+// shape (8192 tokens, 40 heads, 8 lanes of 16-byte runs) gives 2560 blocks of 256 at 4 heads,
+// several waves of short blocks.
+template <bool INTERLEAVE, int VEC>
+int launch_cache(const RopeParams& p, cudaStream_t stream) {
+  constexpr int kHeads = kCacheHeads > 0 ? kCacheHeads : 1;
+  auto kernel = rope_cache_kernel<INTERLEAVE, VEC, kHeads>;
+  RopeParams q = p;
+  q.heads_per_thread = kHeads;
+  q.groups = fi::ceil_div(p.hq + p.hk, kHeads);
+  const int64_t items = p.nnz * p.lanes * q.groups;
+  const int64_t blocks = fi::ceil_div<int64_t>(items, kThreads);
+  kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(q);
+  return FI_LAUNCH_STATUS();
+}
+
 template <bool INTERLEAVE, int VEC>
 int launch(const RopeParams& p, cudaStream_t stream) {
+  // 2-byte runs (VEC 1: odd rotary_dim / 2 or 2-byte aligned views) keep rope_kernel.
+  if constexpr (kCacheHeads > 0 && VEC >= 2) {
+    if (p.cos_sin != nullptr) return launch_cache<INTERLEAVE, VEC>(p, stream);
+  }
   auto kernel = rope_kernel<INTERLEAVE, VEC>;
   // Resident blocks per SM, read once per process from the occupancy calculator (registers
   // decide it), so the head grouping below fills the GPU in about one wave.

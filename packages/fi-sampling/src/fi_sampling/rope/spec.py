@@ -23,14 +23,20 @@ ROPE_ARGS = ("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64",
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
+# Shape of the cos/sin-cache kernel (FI_ROPE_CACHE_VARIANT in rope.cu, which lists the variants),
+# None = the source's default. Changed only by the apply_rope_with_cos_sin_cache_inplace bench
+# routine (option variant=N) for A/B runs; not a user setting.
+CACHE_VARIANT = None
+
 
 @functools.cache
 def rope_spec(dtype: torch.dtype, arch: Arch) -> KernelSpec:
+    variant = {} if CACHE_VARIANT is None else {"FI_ROPE_CACHE_VARIANT": CACHE_VARIANT}
     return KernelSpec(
-        name=f"rope_{tag(dtype)}",
+        name=f"rope_{tag(dtype)}{'' if CACHE_VARIANT is None else f'_cv{CACHE_VARIANT}'}",
         sources=(_HERE / "rope.cu",),
         arch=arch,
-        defines={"FI_T": cuda_type(dtype)},
+        defines={"FI_T": cuda_type(dtype), **variant},
         entries=(Entry("fi_rope", ROPE_ARGS),),
         package="fi_sampling",
     )
