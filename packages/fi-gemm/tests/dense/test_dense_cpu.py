@@ -164,23 +164,3 @@ def test_backend_reasons_per_arch(arch):
     specs = api.MM_BF16.specs(a)
     assert len(specs) == (3 if arch == "9.0a" else 1)
     assert all(s.arch == a for s in specs)
-
-
-def test_sm90_tile_configs():
-    """fp8 'large' is the 128x256x128 fast-accumulation unit (per-tensor scales are the epilogue
-    alpha; the promoted-accumulator mainloop cannot hold a 128x256 tile); everything else keeps
-    the default mainloop, so 16-bit units are unchanged."""
-    from fi_core import Arch
-    from fi_gemm.dense.spec import gemm_sm90_spec
-
-    a = Arch.parse("9.0a")
-    def defines(*args):
-        return {k: int(v) if v.isdigit() else v for k, v in gemm_sm90_spec(*args, a).defines}
-
-    d = defines(e4m3, e4m3, bf16, "large")
-    assert (d["FI_TILE_M"], d["FI_TILE_N"], d["FI_TILE_K"]) == (128, 256, 128)
-    assert (d["FI_CLUSTER_M"], d["FI_CLUSTER_N"], d["FI_FAST_ACCUM"]) == (2, 1, 1)
-    assert defines(e4m3, e5m2, f16, "large")["FI_FAST_ACCUM"] == 1
-    assert defines(e4m3, e4m3, bf16, "mid")["FI_FAST_ACCUM"] == 0
-    for cfg in ("mid", "large"):
-        assert defines(bf16, bf16, bf16, cfg)["FI_FAST_ACCUM"] == 0

@@ -416,10 +416,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     Returns
     -------
     torch.Tensor
-        [b, m, n] of ``dtype``; math in fp32, one rounding at the end. For M > 256 on sm_90a
-        the products accumulate in wgmma's fp32 registers without periodic promotion (CUTLASS
-        "fast accumulation", like ``torch._scaled_mm(use_fast_accum=True)``): the scales are
-        applied once in the epilogue.
+        [b, m, n] of ``dtype``; math in fp32, one rounding at the end.
 
     Examples
     --------

@@ -5,7 +5,7 @@
 // needs for fp8 and what TMA loads best for 16-bit types.
 //
 // One tile configuration per translation unit (spec defines): FI_TA, FI_TB, FI_TD, FI_TBIAS,
-// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG, FI_STREAMK, FI_FAST_ACCUM. The Python side picks the unit per
+// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG, FI_STREAMK. The Python side picks the unit per
 // shape class.
 //
 // The epilogue is one visitor tree for every op: acc * (scale_a * scale_b) + bias[n]. Scales are
@@ -45,30 +45,13 @@ constexpr int kAlignD = 16 / sizeof(ElementD);
 using TileShape = Shape<Int<FI_TILE_M>, Int<FI_TILE_N>, Int<FI_TILE_K>>;
 using ClusterShape = Shape<Int<FI_CLUSTER_M>, Int<FI_CLUSTER_N>, _1>;
 
-#ifndef FI_FAST_ACCUM
-#define FI_FAST_ACCUM 0
-#endif
-// FI_FAST_ACCUM (fp8 only): wgmma accumulates straight into the one fp32 register set. The
-// default fp8 mainloop keeps a second set and promotes partial sums every few K blocks, which
-// doubles the accumulator registers and rules out a 128x256 tile. With per-tensor scales nothing
-// has to be applied between K blocks (the scales are the epilogue's alpha), so the promotion only
-// buys accumulator precision, which at these K (<= tens of thousands, wgmma's internal
-// accumulation has >= 13 mantissa bits per 32-wide k chunk) is far below the bf16 output's.
 #if FI_PINGPONG
 // Two consumer warpgroups on alternate tiles: one's epilogue overlaps the other's MMAs (mid M).
-#if FI_FAST_ACCUM
-using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
-#else
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-#endif
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 #else
 // Two consumer warpgroups split one large tile: the best MMA/load ratio for large M.
-#if FI_FAST_ACCUM
-using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
-#else
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-#endif
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 #endif
 

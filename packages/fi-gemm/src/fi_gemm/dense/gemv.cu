@@ -1,7 +1,7 @@
 // Weight-streaming GEMM for decode shapes (M <= 16): out[l, m, n] = sum_k A[l, m, k] W[l, n, k]
 // (* scale_a * scale_b + bias[n]). At M <= 16 the GEMM is a pass over W, so the kernel is built
-// to keep HBM busy: a per-thread ring of cp.async copies in shared memory keeps up to 8 K steps
-// of W in flight continuously, and the tensor cores do the math so the ALUs never become the limit.
+// to keep HBM busy: every thread issues several 16-byte W loads before it consumes any, and the
+// tensor cores do the math so the ALUs never become the limit.
 //
 // Tensor-core mapping (mma.sync m16n8kX, X = 16 for 16-bit, 32 for fp8): the MMA's "A" operand
 // is a 16-row slab of W, its "B" operand is 8 activation rows (tokens), the accumulator is
@@ -11,10 +11,9 @@
 // words {0,1} to the first, {2,3} to the second. The fragment layouts of A and B then assign the
 // same physical k to matching logical columns/rows, so the product is exact for any permutation.
 //
-// Work split: a CTA owns RS slabs of 16 W rows and NT * 8 tokens; its WARPS warps split K
-// (interleaved steps, so the CTA reads long contiguous runs of each row) and are reduced through
-// shared memory at the end. No global split-K: N >= 2048 already gives >= 128 CTAs for decode
-// layers. Segment mode (LoRA / grouped rows) tiles each segment into 16- or 32-row CTAs.
+// Work split: a CTA owns RS slabs of 16 W rows; its WARPS warps split K (interleaved steps, so the
+// CTA reads long contiguous runs of each row) and are reduced through shared memory at the end.
+// No global split-K: N >= 2048 already gives >= 128 CTAs for decode layers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -113,62 +112,18 @@ struct GemvParams {
   int64_t sam, sak, sbn, sbk, sbl;
 };
 
-// Asynchronous 16-byte copies global -> shared (no register staging). src_bytes = 0 reads nothing
-// and writes zeros: out-of-range rows / k / tokens become zero operands. W is read once: L2 only
-// (.cg), with a 256 B L2 prefetch (the CTA's other warps consume the neighbouring bytes of the row).
-// Activations are read by every CTA: .ca lets the co-resident CTA of the same SM hit in L1.
-FI_DEVICE void cp_async16_stream(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
-               :: "r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-FI_DEVICE void cp_async16_cached(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-FI_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> FI_DEVICE void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
-// Stages of the per-thread copy ring: as deep as 96 KB of shared memory per CTA allows, at most 8.
-// 96 KB: two CTAs per SM on sm_90 (228 KB) and within sm_86/89's 99 KB per-block limit (one CTA
-// per SM there and on sm_80). Per stage every thread owns RS*2 + NT 16-byte slots.
-template <int NT, int RS> constexpr int ring_stages() {
-  constexpr int per_stage = (RS * 2 + NT) * kWarps * 32 * 16;
-  constexpr int d = (96 << 10) / per_stage;
-  return d > 8 ? 8 : d;
-}
-template <int NT, int RS> constexpr int smem_bytes() {
-  constexpr int ring = ring_stages<NT, RS>() * (RS * 2 + NT) * kWarps * 32 * 16;
-  constexpr int red = kWarps * RS * NT * 4 * 32 * 4;
-  return ring > red ? ring : red;
-}
-
-// Pipeline: a warp's K steps (s = warp, warp + 8, ...) go through a ring of D stages in shared
-// memory filled by cp.async, so D steps of loads (up to 96 KB per CTA, 192 KB per SM) are in
-// flight at all times without holding registers (register staging would issue a batch, wait a
-// full memory latency for all of it, compute, and only then issue the next batch). Each thread
-// reads back only the slots it filled itself, so the ring needs no barrier:
-// cp.async.wait_group orders a thread's own copies, and a slot is refilled only after the MMAs
-// that consumed its values have issued (in-order issue: they had their operands).
-template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, bool BLOCK>
+template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U, bool BLOCK>
+// Two CTAs per SM keep enough loads in flight; that allows up to 128 registers per thread.
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
   static_assert(!BLOCK || 128 % KSTEP == 0, "a step must not straddle a 128-wide scale block");
   constexpr int NACC = RS * NT * 4;
-  constexpr int D = ring_stages<NT, RS>();
-  constexpr int NV = RS * 2 + NT;     // 16-byte slots per thread per stage: W vectors, then tokens
-  constexpr int TM = NT * 8;          // tokens per CTA
-  static_assert(D >= 2, "ring too shallow");
-  extern __shared__ uint4 ring[];     // [D][NV][kWarps * 32]; reused as red[kWarps][NACC][32]
+  __shared__ float red[kWarps][NACC][32];
 
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
   const int n = p.n, k = p.k;
@@ -180,18 +135,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   const float* bs_b = p.bs_b;
 
   if (p.seg_indptr != nullptr) {
-    // Find this CTA's segment by walking the (short) indptr; segments are cut into TM-row tiles.
-    // Uniform across the CTA, so the early return cannot split a __syncthreads.
+    // Find this CTA's segment by walking the (short) indptr. Uniform across the CTA, so the
+    // early return cannot split a __syncthreads.
     const int64_t y = blockIdx.y;
     int64_t cum = 0, row0 = -1;
     int s = 0;
     for (; s < p.num_segs; ++s) {
       const int64_t b0 = p.seg_indptr[s];
       const int64_t len = p.seg_indptr[s + 1] - b0;
-      const int64_t tiles = len > 0 ? (len + TM - 1) / TM : 0;
+      const int64_t tiles = len > 0 ? (len + 15) / 16 : 0;
       if (y < cum + tiles) {
-        row0 = b0 + (y - cum) * TM;
-        m = int(min(int64_t(TM), b0 + len - row0));
+        row0 = b0 + (y - cum) * 16;
+        m = int(min(int64_t(16), b0 + len - row0));
         break;
       }
       cum += tiles;
@@ -242,108 +197,89 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
       for (int c = 0; c < 4; ++c) acc[r][j][c] = 0.f;
 
   const int nsteps = (k + KSTEP - 1) / KSTEP;
-  const int nloc = warp < nsteps ? (nsteps - warp + kWarps - 1) / kWarps : 0;  // warp-uniform
-  constexpr int kThreads = kWarps * 32;
-  // Local step i of this warp is global step warp + i * kWarps; it lives in stage i % D.
-  auto issue = [&](int i) {
-    if (i < nloc) {
-      const int kk = (warp + i * kWarps) * KSTEP;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int s0 = warp; s0 < nsteps; s0 += kWarps * U) {
+    uint4 wv[U][RS][2];
+    uint4 av[U][NT];
+    // Issue every load of U steps before the first MMA: U * RS * 2 W vectors in flight per thread.
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * kWarps;
+      const int kk = s * KSTEP;
       // k is a multiple of V (checked by the launcher), so a vector is entirely in or out.
-      const bool kok = kk + t * V < k;
-      uint4* st = ring + (i % D) * NV * kThreads + tid;
+      const bool kok = s < nsteps && kk + t * V < k;
 #pragma unroll
       for (int r = 0; r < RS; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const bool ok = kok && wok[r][h];
-          cp_async16_stream(st + (r * 2 + h) * kThreads, ok ? wrow[r][h] + kk : wrow[r][h],
-                            ok ? 16 : 0);
-        }
+        for (int h = 0; h < 2; ++h)
+          wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const bool ok = kok && aok[j];
-        cp_async16_cached(st + (RS * 2 + j) * kThreads, ok ? arow[j] + kk : arow[j], ok ? 16 : 0);
+      for (int j = 0; j < NT; ++j) av[u][j] = (kok && aok[j]) ? load_cached(arow[j] + kk) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (BLOCK) {
+        // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
+        // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
+        const int s = s0 + u * kWarps;
+        if (s >= nsteps) continue;  // warp-uniform
+        const int kb = (s * KSTEP) / 128;
+        float sa[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + 2 * t + e;
+            sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
+          }
+#pragma unroll
+        for (int r = 0; r < RS; ++r) {
+          // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
+          const int row = n0 + r * 16;
+          const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
+                             av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
+                             av[u][j].z, av[u][j].w);
+#pragma unroll
+            for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RS; ++r)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
+                             wv[u][r][1].y, av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
+                             wv[u][r][1].w, av[u][j].z, av[u][j].w);
+          }
       }
     }
-    cp_async_commit();  // always, so group i is local step i for every thread
-  };
-#pragma unroll
-  for (int i = 0; i < D; ++i) issue(i);
-
-  for (int i = 0; i < nloc; ++i) {
-    const int kb = ((warp + i * kWarps) * KSTEP) / 128;
-    float sa[NT][2];
-    float sb[RS];
-    if (BLOCK) {
-      // Issued before the wait, so their latency hides behind it. Rows g and g + 8 of a 16-row
-      // slab share one 128-row block (n0 is a multiple of 16).
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = j * 8 + 2 * t + e;
-          sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
-        }
-#pragma unroll
-      for (int r = 0; r < RS; ++r) {
-        const int row = n0 + r * 16;
-        sb[r] = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
-      }
-    }
-    cp_async_wait<D - 1>();  // groups 0..i have landed
-    const uint4* st = ring + (i % D) * NV * kThreads + tid;
-    uint4 wv[RS][2];
-    uint4 av[NT];
-#pragma unroll
-    for (int r = 0; r < RS; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) wv[r][h] = st[(r * 2 + h) * kThreads];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) av[j] = st[(RS * 2 + j) * kThreads];
-#pragma unroll
-    for (int r = 0; r < RS; ++r)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (BLOCK) {
-          // The two MMAs of one step lie in one 128-wide K block: accumulate them into a fresh
-          // fragment, scaled by a_scale[token] * b_scale[block].
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-          Mma<TW, TA>::run(c, wv[r][0].x, wv[r][1].x, wv[r][0].y, wv[r][1].y, av[j].x, av[j].y);
-          Mma<TW, TA>::run(c, wv[r][0].z, wv[r][1].z, wv[r][0].w, wv[r][1].w, av[j].z, av[j].w);
-#pragma unroll
-          for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb[r] * sa[j][ci & 1]);
-        } else {
-          Mma<TW, TA>::run(acc[r][j], wv[r][0].x, wv[r][1].x, wv[r][0].y, wv[r][1].y, av[j].x,
-                           av[j].y);
-          Mma<TW, TA>::run(acc[r][j], wv[r][0].z, wv[r][1].z, wv[r][0].w, wv[r][1].w, av[j].z,
-                           av[j].w);
-        }
-      }
-    issue(i + D);  // refills stage i % D
   }
 
-  // The reduction buffer aliases the ring: every copy must have landed and every warp be done.
-  cp_async_wait<0>();
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(ring);  // [kWarps][NACC][32]
 #pragma unroll
   for (int r = 0; r < RS; ++r)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) red[(warp * NACC + (r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
+      for (int c = 0; c < 4; ++c) red[warp][(r * NT + j) * 4 + c][lane] = acc[r][j][c];
   __syncthreads();
 
   float scale = 1.f;
   if (p.scale_a != nullptr) scale *= *p.scale_a;
   if (p.scale_b != nullptr) scale *= *p.scale_b;
   const TB* bias = static_cast<const TB*>(p.bias);
-  for (int idx = tid; idx < NACC * 32; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < NACC * 32; idx += kWarps * 32) {
     const int i = idx >> 5;
     const int ln = idx & 31;
     float sum = 0.f;
 #pragma unroll
-    for (int wp = 0; wp < kWarps; ++wp) sum += red[(wp * NACC + i) * 32 + ln];
+    for (int wp = 0; wp < kWarps; ++wp) sum += red[wp][i][ln];
     // Accumulator element c of MMA (r, j): W row g + 8 * (c / 2), token 2 * t + c % 2.
     const int c = i & 3;
     const int j = (i >> 2) % NT;
@@ -358,56 +294,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   }
 }
 
-template <int NT, int RS, bool BLOCK>
+template <int NT, int RS, int U, bool BLOCK>
 cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t stream) {
-  auto kernel = gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, BLOCK>;
-  constexpr int smem = smem_bytes<NT, RS>();
-  // Opt in to > 48 KB of dynamic shared memory and ask for the largest carveout (two CTAs per
-  // SM need 2 x 97 KB; W bypasses L1). Once per device and instantiation.
-  static bool attr_set[64] = {false};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             int(cudaSharedmemCarveoutMaxShared));
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < 64) attr_set[dev] = true;
-  }
   dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS)), unsigned(tiles_y), unsigned(l));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK>
+      <<<grid, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 // Picks the instantiation: NT = token tiles of 8 (M <= 8 or <= 16); two 16-row slabs per CTA
 // halve the activation re-reads once there are enough CTAs for every SM, else one slab per CTA
-// keeps all SMs streaming.
+// keeps all SMs streaming; U = steps in flight, bounded by the 128-register budget.
 template <bool BLOCK>
-cudaError_t dispatch(const GemvParams& p, int64_t l, int max_m, cudaStream_t stream) {
-  const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l >= fi::sm_count();
+cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
+                     cudaStream_t stream) {
+  const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
   if (max_m <= 8)
-    return two_slabs ? launch<1, 2, BLOCK>(p, l, 1, stream) : launch<1, 1, BLOCK>(p, l, 1, stream);
-  return two_slabs ? launch<2, 2, BLOCK>(p, l, 1, stream) : launch<2, 1, BLOCK>(p, l, 1, stream);
-}
-
-// Segment mode. A LoRA shrink (n <= 16: one W slab) is a tall-skinny GEMM that streams x, not W:
-// W (16 x k) stays in L2 and every CTA re-reads it, so 32-row tiles (NT = 4) halve that L2
-// traffic per x byte when segments are long enough (>= 32 rows on average) to fill them;
-// otherwise 16-row tiles. Wider outputs keep the W-streaming shape. Tiles are cut per segment,
-// sum_s ceil(len_s / TM) <= floor(total / TM) + num_segs; surplus CTAs exit at once.
-template <bool BLOCK>
-cudaError_t dispatch_segment(GemvParams& p, int64_t total_rows, cudaStream_t stream) {
-  const bool tall = p.n <= 16 && total_rows >= 32 * int64_t(p.num_segs);
-  const int tm = tall ? 32 : 16;
-  const int64_t tiles = total_rows / tm + p.num_segs;
-  if (tiles > 65535) return cudaErrorInvalidConfiguration;
-  p.m = tm;
-  if (tall) return launch<4, 1, BLOCK>(p, 1, tiles, stream);
-  const bool two_slabs = p.n > 16 && fi::ceil_div<int64_t>(p.n, 32) * tiles >= fi::sm_count();
-  return two_slabs ? launch<2, 2, BLOCK>(p, 1, tiles, stream)
-                   : launch<2, 1, BLOCK>(p, 1, tiles, stream);
+    return two_slabs ? launch<1, 2, 3, BLOCK>(p, l, tiles_y, stream)
+                     : launch<1, 1, 4, BLOCK>(p, l, tiles_y, stream);
+  return two_slabs ? launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream)
+                   : launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
 }
 
 bool aligned16(const void* a, const void* b) {
@@ -435,7 +341,7 @@ FI_EXPORT int fi_gemv(void* out, const void* act, const void* w, const void* bia
   p.scale_b = static_cast<const float*>(scale_b);
   p.m = int(m); p.n = int(n); p.k = int(k);
   p.lda = lda; p.ldw = ldw; p.ldo = ldo; p.bsa = bsa; p.bsw = bsw; p.bso = bso;
-  return (int)dispatch<false>(p, l, int(m), stream);
+  return (int)dispatch<false>(p, l, 1, int(m), stream);
 }
 
 // Segment GEMM: rows seg_indptr[s] .. seg_indptr[s+1] of x times W[seg_widx[s]]^T (seg_widx null:
@@ -452,10 +358,13 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   if (k % kV != 0 || ldx % kV != 0 || ldw % kV != 0 || bsw % kV != 0 || !aligned16(x, w) ||
       n >= kMax32 || k >= kMax32 || num_segs >= kMax32)
     return (int)cudaErrorInvalidValue;
-  if (total_rows == 0 || num_segs == 0 || n == 0) return 0;
+  // sum_s ceil(len_s / 16) <= floor(total / 16) + num_segs; surplus CTAs exit at once.
+  const int64_t tiles = total_rows / 16 + num_segs;
+  if (tiles == 0 || n == 0) return 0;
+  if (tiles > 65535) return (int)cudaErrorInvalidConfiguration;
   GemvParams p{};
   p.out = out; p.act = x; p.w = w;
-  p.n = int(n); p.k = int(k);
+  p.m = 16; p.n = int(n); p.k = int(k);
   p.lda = ldx; p.ldw = ldw; p.ldo = ldo; p.bsw = bsw;
   p.seg_indptr = static_cast<const int64_t*>(seg_indptr);
   p.seg_widx = static_cast<const int64_t*>(seg_widx);
@@ -463,8 +372,8 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   p.bs_a = static_cast<const float*>(bs_a);
   p.bs_b = static_cast<const float*>(bs_b);
   p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk; p.sbl = sbl;
-  return (int)(bs_a != nullptr ? dispatch_segment<true>(p, total_rows, stream)
-                               : dispatch_segment<false>(p, total_rows, stream));
+  return (int)(bs_a != nullptr ? dispatch<true>(p, 1, tiles, 16, stream)
+                               : dispatch<false>(p, 1, tiles, 16, stream));
 }
 
 // Block-scaled GEMM for M <= 16 (gemm_fp8_nt_groupwise at decode shapes): out = sum over
@@ -484,5 +393,5 @@ FI_EXPORT int fi_gemv_blockscaled(void* out, const void* act, const void* w, con
   p.bs_a = static_cast<const float*>(bs_a);
   p.bs_b = static_cast<const float*>(bs_b);
   p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk;
-  return (int)dispatch<true>(p, 1, int(m), stream);
+  return (int)dispatch<true>(p, 1, 1, int(m), stream);
 }
