@@ -114,6 +114,18 @@ def test_bmm_fp8_e4m3(m):
     testing.assert_close(out, gemm_reference(A, W, bf16, None, sa, sb), dtype=bf16)
 
 
+@pytest.mark.parametrize("m, n", [(300, 1000), (3, 4400)])
+def test_bmm_fp8_long_k(m, n):
+    """K = 4096 with partial M and N tiles (M = 300) and a decode-size M = 3 with N = 4400: fp32
+    accumulation over 32 K blocks must stay within bf16's tolerance."""
+    if arch_of(torch.device(DEV)).cc < 89 and m <= 16:
+        pytest.skip("fp8 MMA needs sm_89+")
+    A, W, sa, sb = _fp8_operands(1, m, n, 4096, e4m3, e4m3, seed=70)
+    out = testing.empty_poisoned((1, m, n), bf16, DEV)
+    bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16, out=out)
+    testing.assert_close(out, gemm_reference(A, W, bf16, None, sa, sb), dtype=bf16)
+
+
 @pytest.mark.parametrize("m", [3, 4097])
 def test_bmm_fp8_mixed_e5m2_fp16_out_batched(m):
     if arch_of(torch.device(DEV)).cc < 89 and m <= 16:

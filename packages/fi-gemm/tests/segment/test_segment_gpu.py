@@ -24,7 +24,7 @@ bf16, f16 = torch.bfloat16, torch.float16
 DEV = "cuda"
 
 
-@pytest.mark.parametrize("lens", [[16] * 8, [0, 1, 15, 16, 17, 0, 40], [512] * 3])
+@pytest.mark.parametrize("lens", [[16] * 8, [0, 1, 15, 16, 17, 0, 40], [512] * 3, [33, 31, 64, 1]])
 @pytest.mark.parametrize("n, k", [(16, 4096), (1000, 64), (72, 776)])
 @pytest.mark.parametrize("column_major", [True, False])
 def test_segment_gemm(lens, n, k, column_major):
