@@ -202,18 +202,25 @@ def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_spli
     if capacity is not None and n_items > capacity:
         raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
                          f"{capacity}; use a larger fixed_split_size or disable_split_kv")
-    req = np.repeat(np.arange(batch), nchunks)
-    piece = np.arange(n_items) - (ends - nchunks)[req]  # chunk index within its request
-    split_req = nchunks > 1
     packed = np.empty(n_items * 4 + 4 + batch + 1, dtype=np.int32)
     packed[n_items * 4: n_items * 4 + 5] = (n_items, 0, 0, 0, 0)
     merge_indptr = packed[n_items * 4 + 4:]
-    np.cumsum(np.where(split_req, nchunks, 0), out=merge_indptr[1:])
-    work = packed[: n_items * 4].reshape(n_items, 4)
+    split_req = nchunks > 1
+    np.cumsum(nchunks * split_req, out=merge_indptr[1:])
+    # Per request: index, length, first item, first partial slot (-1 when not split: its single
+    # item writes the output), repeated once per item in one call.
+    per_req = np.empty((batch, 4), dtype=np.int64)
+    per_req[:, 0] = np.arange(batch)
+    per_req[:, 1] = kv_lens
+    per_req[:, 2] = ends - nchunks
+    per_req[:, 3] = np.where(split_req, merge_indptr[:-1], -1)
+    rows = np.repeat(per_req, nchunks, axis=0)
+    piece = np.arange(n_items) - rows[:, 2]  # chunk index within its request
     begin = piece * chunk
-    work[:, 0] = req
+    work = packed[: n_items * 4].reshape(n_items, 4)
+    work[:, 0] = rows[:, 0]
     work[:, 1] = begin
-    work[:, 2] = np.minimum(begin + chunk, kv_lens[req])
-    work[:, 3] = np.where(split_req[req], merge_indptr[req] + piece, -1)
+    work[:, 2] = np.minimum(begin + chunk, rows[:, 1])
+    work[:, 3] = rows[:, 3] + piece  # an unsplit request's only item: -1 + 0
     return DecodePlan(work=work, merge_indptr=merge_indptr, num_items=n_items,
                       num_slots=int(merge_indptr[-1]), chunk=chunk, split=n_items > batch, packed=packed)
