@@ -60,13 +60,13 @@ def native_noop() -> Optional[ctypes._CFuncPtr]:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    d = tempfile.mkdtemp(prefix="fi-hostsim-")
-    src, lib = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
-    with open(src, "w") as f:
-        f.write(_NOOP_C)
-    if subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, src], capture_output=True).returncode:
-        return None
-    fn = ctypes.CDLL(lib).fi_batch_decode
+    with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:  # the loaded library outlives its file
+        src, lib = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
+        with open(src, "w") as f:
+            f.write(_NOOP_C)
+        if subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, src], capture_output=True).returncode:
+            return None
+        fn = ctypes.CDLL(lib).fi_batch_decode
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]
     return fn
 
