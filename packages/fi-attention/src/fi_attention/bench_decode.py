@@ -60,15 +60,22 @@ def _check(out, q, cache, indptr, indices, last, requests, k_scale=None, v_scale
 
 
 def _host_times(dev) -> dict:
-    """run() and plan() host cost on a small batch whose GPU work is shorter than the host work."""
+    """run() host cost on a small batch whose GPU work is shorter than the host work. The planner
+    splits its 512 tokens in two (run_host_split), so run() launches the decode and the merge
+    kernel; the unsplit plan's run() (one launch) is timed beside it."""
     indptr, indices, last, n_pages = _tables(1, 512, dev)
     cache = torch.randn(n_pages, 2, PAGE, 8, D, device=dev).to(torch.bfloat16)
     q = torch.randn(1, 32, D, device=dev).to(torch.bfloat16)
     out = torch.empty_like(q)
-    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=dev))
-    w.plan(indptr, indices, last, 32, 8, D, PAGE, q_data_type=torch.bfloat16)
-    run_us = time_host(lambda: w.run(q, cache, out=out), iters=500, warmup=50)
-    return {"run_host_us": round(run_us, 2)}
+    times = {}
+    for key, disable_split_kv in (("run_host_us", False), ("run_host_us_one_launch", True)):
+        w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=dev))
+        w.plan(indptr, indices, last, 32, 8, D, PAGE, q_data_type=torch.bfloat16,
+               disable_split_kv=disable_split_kv)
+        if not disable_split_kv:
+            times["run_host_split"] = w._plan.split
+        times[key] = round(time_host(lambda w=w: w.run(q, cache, out=out), iters=500, warmup=50), 2)
+    return times
 
 
 def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:

@@ -1,4 +1,17 @@
-"""BatchDecodeWithPagedKVCacheWrapper: plan once per batch shape, run once per layer."""
+"""BatchDecodeWithPagedKVCacheWrapper: plan once per batch shape, run once per layer.
+
+Host time is part of a decode step's latency (a step launches one or two small kernels per layer),
+so both entry points are built around it:
+
+- ``plan()`` validates its scalar options once per distinct option tuple, recognises uniform
+  batches without numpy reductions, stages all int32 metadata in one pinned buffer and issues one
+  host-to-device copy, and prepares the launcher's argument block.
+- ``run()`` first tries a launch-only path that compares a handful of tensor attributes with the
+  plan and the remembered cache signatures, writes the per-call fields of the prebuilt argument
+  block and calls the launcher. Anything it does not accept (first sight of a cache, lse, a scale
+  tensor, FI_CHECK_INPUTS, torch.compile tracing, a wrong input) goes through the checked path,
+  which raises the errors.
+"""
 
 from __future__ import annotations
 
@@ -6,58 +19,93 @@ import ctypes
 import weakref
 from typing import Optional
 
-import numpy as np
 import torch
 
 from fi_core import arch_of, device_info, knobs, load
 from fi_core.dtypes import parse as parse_dtype
 from fi_core.errors import InputError, InputTypeError
-from fi_core.launch import current_stream, is_capturing
-
-try:  # the raw cudaStream_t of torch's current stream, without building a Stream object
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _raw_stream = current_stream
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from . import common
-from .launch import DecodeArgs, page_shift
-from .planner import kv_lengths, max_items, plan_decode
+from .launch import (OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OFF_TAIL, PACK_KV, PACK_OPTS,
+                     PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, DecodeArgs, capturing,
+                     page_shift, raw_stream)
+from .planner import max_items, plan_decode, plan_uniform
 from .spec import heads_per_cta, select_spec
+from .staging import MetadataStaging
+from .tables import host_i32, request_lengths
 
 _compiling = torch.compiler.is_compiling
 _check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
-
-
-# is_capturing() without the torch.cuda.is_available() probe on CUDA builds (dynamo knows both).
-_capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else is_capturing
+_Tensor = torch.Tensor
+_CONTIGUOUS = torch.contiguous_format
+# The checked path's capture test: the public function, which torch.compile knows how to trace.
+_capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else capturing
 
 _OCCUPANCY: dict = {}
 # plan() signature -> backend name, and -> (kernel name, module, launch fn, CTAs per SM, SMs)
 _IMPL_CACHE: dict = {}
 _MODULE_CACHE: dict = {}
+# Scalar plan() options are remembered per wrapper only when every one is an immutable value.
+_PLAIN = (type(None), bool, int, float, str, torch.dtype)
 
 
 def _ctas_per_sm(mod) -> int:
     n = _OCCUPANCY.get(id(mod))
     if n is None:
-        import ctypes  # noqa: PLC0415
-
         c = ctypes.c_int(0)
         mod.fi_batch_decode_occupancy(ctypes.addressof(c))
         n = _OCCUPANCY[id(mod)] = max(1, c.value)
     return n
 
 
-def _host_i32(name: str, t: torch.Tensor) -> np.ndarray:
-    if not isinstance(t, torch.Tensor):
-        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise InputTypeError(f"{name} must be int32, got {str(t.dtype).replace('torch.', '')}")
-    if t.dim() != 1:
-        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t.cpu().numpy()  # a no-op view for CPU tensors; device tensors need a copy
+def _cache_key(c) -> Optional[tuple]:
+    """What identifies a paged cache to the kernel: addresses, shapes, strides and dtypes (None
+    for anything but a tensor or a pair of tensors, which is then validated on every call)."""
+    if type(c) is torch.Tensor:
+        return (c.data_ptr(), c.shape, c.stride(), c.dtype)
+    if isinstance(c, (tuple, list)) and len(c) == 2 and type(c[0]) is torch.Tensor and type(c[1]) is torch.Tensor:
+        k, v = c
+        return (k.data_ptr(), v.data_ptr(), k.shape, k.stride(), v.shape, v.stride(), k.dtype, v.dtype)
+    return None
+
+
+class _Options:
+    """plan()'s scalar options, validated, with what follows from them (kernel included).
+
+    Built in plan()'s order: the head, position-encoding, page-size and dtype checks run before
+    the page table is checked, the remaining options (:meth:`finish`) after it.
+    """
+
+    __slots__ = ("group", "q_dtype", "kv_dtype", "hq", "hkv", "d", "ps", "pos", "window_left", "cap",
+                 "sm_scale", "rope_scale", "rope_theta", "impl", "kernel", "kv_units", "finished",
+                 "shape_fields", "opt_fields")
+
+    def __init__(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
+                 logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta):
+        self.group = common.heads(num_qo_heads, num_kv_heads)
+        self.pos = common.pos_mode(pos_encoding_mode)
+        if page_size <= 0:
+            raise InputError(f"page_size must be > 0, got {page_size}")
+        self.q_dtype = parse_dtype(q_data_type)
+        self.kv_dtype = parse_dtype(kv_data_type) if kv_data_type is not None else self.q_dtype
+        self.hq, self.hkv, self.d, self.ps = num_qo_heads, num_kv_heads, head_dim, page_size
+        self.kv_units = num_kv_heads * (self.group // heads_per_cta(self.group))
+        self.shape_fields = (num_qo_heads, num_kv_heads, page_size, page_shift(page_size))
+        self.impl = None  # resolved by the first plan() that gets past the page-table checks
+        self.kernel = None
+        self.finished = False
+
+    def finish(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
+               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta) -> None:
+        self.window_left = -1 if window_left is None else int(window_left)
+        self.cap = common.soft_cap(logits_soft_cap)
+        self.sm_scale = common.softmax_scale(sm_scale, head_dim)
+        self.rope_scale = 1.0 if rope_scale is None else float(rope_scale)
+        self.rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+        self.opt_fields = (self.cap, self.rope_scale, self.rope_theta)
+        self.finished = True
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
@@ -107,7 +155,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise InputError("backend must be 'auto', 'fa2', 'cuda', 'cuda-core', 'tensor-core' or "
                              f"'reference', got {backend!r}")
         self._kv_layout = kv_layout
-        self._float_ws = float_workspace_buffer
+        self.reset_workspace_buffer(float_workspace_buffer)
         self._device = float_workspace_buffer.device
         self._use_cuda_graph = use_cuda_graph
         self._use_tensor_cores = use_tensor_cores
@@ -126,10 +174,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._indptr_buf = paged_kv_indptr_buffer
         self._indices_buf = paged_kv_indices_buffer
         self._last_buf = paged_kv_last_page_len_buffer
-        self._int_ws: Optional[torch.Tensor] = None
+        self._staging: Optional[MetadataStaging] = None
+        # The launcher's argument block: plan() writes its fields, run() the per-call ones. The
+        # launcher reads it during the call (a CUDA graph captures the kernel parameters).
+        self._args = DecodeArgs()
+        self._args_addr = ctypes.addressof(self._args)
         self._capacity: Optional[int] = None
         self._planned = False
+        self._options: dict = {}  # plan() scalar options -> _Options
+        # The launch path's state, set by a plan() of the CUDA kernel (see _plan_cuda).
+        self._fast: Optional[tuple] = None
+        # Validated caches of the current plan's geometry: signature -> numbers (see _kv_view).
         self._kv_seen: dict = {}
+        self._kv_geometry = None
         _WRAPPERS[id(self)] = self
         self._dev_index = self._device.index if self._device.index is not None else (
             torch.cuda.current_device() if self._device.type == "cuda" else -1)
@@ -140,6 +197,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None):
         self._float_ws = float_workspace_buffer
+        self._ws_bytes = float_workspace_buffer.numel() * float_workspace_buffer.element_size()
 
     # ---- plan ---------------------------------------------------------------------------
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
@@ -154,173 +212,162 @@ class BatchDecodeWithPagedKVCacheWrapper:
         ``indptr [B+1]``, ``indices [nnz_pages]``, ``last_page_len [B]`` are int32 (CPU tensors
         avoid a device read). ``fixed_split_size`` is a chunk length in pages.
         """
-        group = common.heads(num_qo_heads, num_kv_heads)
-        common.pos_mode(pos_encoding_mode)
-        if page_size <= 0:
-            raise InputError(f"page_size must be > 0, got {page_size}")
         if data_type is not None:
             q_data_type = data_type
-        q_dtype = parse_dtype(q_data_type)
-        kv_dtype = parse_dtype(kv_data_type) if kv_data_type is not None else q_dtype
-        h_indptr = _host_i32("indptr", indptr)
-        h_last = _host_i32("last_page_len", last_page_len)
+        key = (num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
+               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta)
+        try:
+            o = self._options.get(key)
+        except TypeError:  # an unhashable option: validated below, never remembered
+            o = None
+        if o is None:
+            o = _Options(*key)
+            if all(type(x) in _PLAIN for x in key):  # a tensor option could change under us
+                if len(self._options) >= 64:
+                    self._options.clear()
+                self._options[key] = o
+        h_indptr = host_i32("indptr", indptr)
+        h_last = host_i32("last_page_len", last_page_len)
         if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
             raise InputTypeError("indices must be an int32 tensor, got "
                                  f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
-        batch = h_indptr.shape[0] - 1
-        if batch < 0 or h_last.shape[0] != batch:
-            raise InputError(f"indptr must have batch + 1 entries and last_page_len batch entries, "
-                             f"got {h_indptr.shape[0]} and {h_last.shape[0]}")
-        # A handful of numpy reductions (each ~1 us): plan() must stay in the tens of microseconds.
-        pages = np.diff(h_indptr)
-        if batch and (h_indptr[0] != 0 or pages.min() < 0):
-            raise InputError(f"indptr must start at 0 and be non-decreasing, got {h_indptr.tolist()[:16]}")
-        if batch and h_indptr[-1] > indices.numel():
-            raise InputError(f"indptr[-1] = {h_indptr[-1]} exceeds the {indices.numel()} page indices")
-        if batch and (h_last.min() < 1 or h_last.max() > page_size):
-            # slow path: a request without pages may carry any last_page_len
-            bad = (pages > 0) & ((h_last < 1) | (h_last > page_size))
-            if np.any(bad):
-                i = int(np.nonzero(bad)[0][0])
-                raise InputError(f"last_page_len must be in [1, page_size={page_size}]; request {i} has {h_last[i]}")
+        lens = request_lengths(h_indptr, h_last, o.ps, indices.numel())
+        batch = h_last.shape[0]
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise InputError(f"this CUDA-graph wrapper was built for batch {self._fixed_batch}, got {batch}")
+        if not o.finished:
+            o.finish(*key)
 
-        self._q_dtype, self._kv_dtype = q_dtype, kv_dtype
-        self._hq, self._hkv, self._d, self._ps = num_qo_heads, num_kv_heads, head_dim, page_size
-        self._pos = pos_encoding_mode
-        self._window_left = -1 if window_left is None else int(window_left)
-        self._cap = common.soft_cap(logits_soft_cap)
-        self._sm_scale = common.softmax_scale(sm_scale, head_dim)
-        self._rope_scale = 1.0 if rope_scale is None else float(rope_scale)
-        self._rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+        self._q_dtype, self._kv_dtype = o.q_dtype, o.kv_dtype
+        self._hq, self._hkv, self._d, self._ps = o.hq, o.hkv, o.d, o.ps
+        self._pos, self._window_left, self._cap, self._sm_scale = o.pos, o.window_left, o.cap, o.sm_scale
+        self._rope_scale, self._rope_theta = o.rope_scale, o.rope_theta
         self._batch = batch
-        self._q_shape = torch.Size((batch, num_qo_heads, head_dim))
-        self._kv_last = None
+        self._q_shape = torch.Size((batch, o.hq, o.d))
         self._h_indptr, self._h_last = h_indptr, h_last
         self._indices_in = indices
+        self._planned = False  # until this plan is complete: a failed one leaves no stale state
+        self._fast = None
+        geometry = (o.hkv, o.d, o.ps, o.kv_dtype)
+        if geometry != self._kv_geometry:  # caches validated for another geometry must be re-checked
+            self._kv_seen = {}
+            self._kv_geometry = geometry
+        if o.impl is None:
+            if self._device.type != "cuda":
+                o.impl = "reference"
+            else:
+                ikey = (self._device, o.q_dtype, o.kv_dtype, o.d, self._backend)
+                impl = _IMPL_CACHE.get(ikey)
+                if impl is None:
+                    impl = _IMPL_CACHE[ikey] = common.BATCH_DECODE.choose(
+                        self._device, o.q_dtype, requested=self._backend, head_dim=o.d,
+                        kv_dtype=o.kv_dtype).name
+                o.impl = impl
+        self._impl = o.impl
+        if o.impl == "cuda":
+            if o.kernel is None:
+                o.kernel = self._decode_module(o)
+            self._plan_cuda(o, indptr, indices, last_page_len, lens, fixed_split_size, disable_split_kv,
+                            non_blocking)
         self._planned = True
-        if self._device.type != "cuda":
-            self._impl = "reference"
-            return
-        key = (self._device, q_dtype, kv_dtype, head_dim, self._backend)
-        impl = _IMPL_CACHE.get(key)
-        if impl is None:
-            impl = _IMPL_CACHE[key] = common.BATCH_DECODE.choose(
-                self._device, q_dtype, requested=self._backend, head_dim=head_dim, kv_dtype=kv_dtype).name
-        self._impl = impl
-        if self._impl != "cuda":
-            return
-        self._plan_cuda(indptr, indices, last_page_len, group, fixed_split_size, disable_split_kv,
-                        non_blocking, pages)
 
-    def _plan_cuda(self, indptr, indices, last_page_len, group, fixed_split_size, disable_split_kv,
-                   non_blocking, pages):
+    def _decode_module(self, o: _Options) -> tuple:
+        """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, module load and the
+        occupancy query, once per signature."""
         dev = self._device
-        key = (dev, self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0, self._kernel)
+        key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel)
         mk = _MODULE_CACHE.get(key)
-        if mk is None:  # spec hashing, module load and occupancy query: once per signature
-            spec = select_spec(self._q_dtype, self._kv_dtype, self._d, group, self._pos, self._cap > 0,
-                               arch_of(dev), self._kernel)
+        if mk is None:
+            spec = select_spec(o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev),
+                               self._kernel)
             mod = load(spec)
             sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
             mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm)
-        self._kernel_name, mod, self._mod_launch, ctas, sm = mk
-        self._mod = mod
-        kv_units = self._hkv * (group // heads_per_cta(group))
-        if self._batch and pages.min() > 0:  # every request has pages: no zero-length special case
-            lens = pages.astype(np.int64) * self._ps - (self._ps - self._h_last)
-        else:
-            lens = kv_lengths(self._h_indptr, self._h_last, self._ps)
-        if self._use_cuda_graph and self._capacity is None:
+        return mk
+
+    def _plan_cuda(self, o: _Options, indptr, indices, last_page_len, lens, fixed_split_size,
+                   disable_split_kv, non_blocking):
+        self._kernel_name, self._mod, launch, ctas, sm = o.kernel
+        graph = self._use_cuda_graph
+        B = self._batch
+        if graph and self._capacity is None:
             # as many items as the planner may use, but no more than the workspace holds partials
             # for (the plan then splits less; a too-small workspace still fails below)
-            fit = self._float_ws.numel() * self._float_ws.element_size() // (self._hq * (self._d + 1) * 4)
-            self._capacity = max(self._batch, min(max_items(self._batch, kv_units, sm, ctas), fit))
-        fixed = fixed_split_size * self._ps if fixed_split_size else None
-        plan = plan_decode(lens, kv_units=kv_units, sm_count=sm, ctas_per_sm=ctas,
-                           disable_split_kv=disable_split_kv, fixed_split_size=fixed,
-                           capacity=self._capacity if self._use_cuda_graph else None)
+            fit = self._ws_bytes // (o.hq * (o.d + 1) * 4)
+            self._capacity = max(B, min(max_items(B, o.kv_units, sm, ctas), fit))
+        capacity = self._capacity if graph else None
+        fixed = fixed_split_size * o.ps if fixed_split_size else None
+        if type(lens) is int:  # positional arguments: they are the plan cache's key
+            plan = plan_uniform(B, lens, o.kv_units, sm, ctas, disable_split_kv, fixed, capacity)
+        else:
+            plan = plan_decode(lens, kv_units=o.kv_units, sm_count=sm, ctas_per_sm=ctas,
+                               disable_split_kv=disable_split_kv, fixed_split_size=fixed, capacity=capacity)
         # Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]. In
         # CUDA-graph mode the lse offset is sized for the capacity so that it never moves.
-        cap = self._capacity if self._use_cuda_graph else plan.num_items
-        slots = cap if self._use_cuda_graph else plan.num_slots
-        need = slots * self._hq * (self._d + 1) * 4
-        if need > self._float_ws.numel() * self._float_ws.element_size():
+        cap = capacity if graph else plan.num_items
+        slots = cap if graph else plan.num_slots
+        need = slots * o.hq * (o.d + 1) * 4
+        if need > self._ws_bytes:
             raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
                              f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
         # int32 metadata: work [cap, 4] | num_work (padded to 16 B) | merge_indptr [B + 1], then,
         # when the page table came from the host (non-graph mode), indptr | last_page_len |
         # indices in the same buffer: one host-to-device copy per plan instead of four.
-        B = self._batch
         n_meta = cap * 4 + 4 + (B + 1)
-        stage = not self._use_cuda_graph and all(
-            t.device.type == "cpu" for t in (indptr, indices, last_page_len))
+        stage = not graph and indptr.is_cpu and indices.is_cpu and last_page_len.is_cpu
         nnz = int(self._h_indptr[-1]) if B else 0
         off_indptr, off_last, off_idx = n_meta, n_meta + B + 1, n_meta + 2 * B + 1
         n_int = off_idx + nnz if stage else n_meta
-        if self._int_ws is None or self._int_ws.numel() < n_int:
-            if self._use_cuda_graph and self._int_ws is not None:
+        st = self._staging
+        if st is None or st.size < n_int:
+            if graph and st is not None:
                 raise InputError("a re-plan of a CUDA-graph wrapper needs more metadata than the "
                                  "first plan allocated")
-            size = max(n_int + n_int // 4, 4096)
-            self._int_ws = torch.empty(size, dtype=torch.int32, device=dev)
-            # A ring of pinned mirrors: plan() may be called again while an earlier upload is
-            # still queued behind GPU work; it only waits if the ring has wrapped around.
-            self._ring = [[torch.empty(size, dtype=torch.int32, pin_memory=True), torch.cuda.Event(), False]
-                          for _ in range(4)]
-            self._ring_pos = 0
-        slot = self._ring[self._ring_pos]
-        self._ring_pos = (self._ring_pos + 1) % len(self._ring)
-        if slot[2]:
-            slot[1].synchronize()
-        host_t = slot[0]
-        host = host_t.numpy()
-        host[: plan.num_items * 4] = plan.work.reshape(-1)
-        host[cap * 4] = plan.num_items
-        host[cap * 4 + 4: cap * 4 + 5 + B] = plan.merge_indptr
+            st = self._staging = MetadataStaging(self._device, max(n_int + n_int // 4, 4096))
+        host = st.host()
+        if graph:  # the grid keeps its capacity: idle items read num_work and exit
+            n4 = plan.num_items * 4
+            host[:n4] = plan.packed[:n4]
+            host[cap * 4: n_meta] = plan.packed[n4:]
+        else:
+            host[:n_meta] = plan.packed
         if stage:
-            host[off_indptr: off_indptr + B + 1] = self._h_indptr
-            host[off_last: off_last + B] = self._h_last
+            host[off_indptr: off_last] = self._h_indptr
+            host[off_last: off_idx] = self._h_last
             host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
-        self._int_ws[:n_int].copy_(host_t[:n_int], non_blocking=True)
-        slot[1].record()
-        slot[2] = True
+        st.upload(n_int)
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
         def dev_table(src, buf):
-            if self._use_cuda_graph:
+            if graph:
                 if src.device != buf.device or src.data_ptr() != buf.data_ptr():
                     if src.numel() > buf.numel():
                         raise InputError(f"the CUDA-graph buffer holds {buf.numel()} entries, got {src.numel()}")
                     buf[: src.numel()].copy_(src, non_blocking=non_blocking)
                 return buf
-            return src if src.device == dev else src.to(dev, non_blocking=non_blocking)
+            return src if src.device == self._device else src.to(self._device, non_blocking=non_blocking)
 
-        base = self._int_ws.data_ptr()
-        a = DecodeArgs()
+        base = st.device_ptr
         if stage:  # addresses inside the metadata buffer; the tensor view is made only if needed
             self._d_indices = None
             self._staged_indices = (off_idx, nnz)
-            a.kv_indptr, a.kv_indices = base + 4 * off_indptr, base + 4 * off_idx
-            a.kv_last_page_len = base + 4 * off_last
+            tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
         else:
             self._d_indices = dev_table(indices, self._indices_buf)
-            a.kv_indptr = dev_table(indptr, self._indptr_buf).data_ptr()
-            a.kv_indices = self._d_indices.data_ptr()
-            a.kv_last_page_len = dev_table(last_page_len, self._last_buf).data_ptr()
+            tables = (dev_table(indptr, self._indptr_buf).data_ptr(), self._d_indices.data_ptr(),
+                      dev_table(last_page_len, self._last_buf).data_ptr())
         self._plan = plan
-        a.work, a.num_work, a.merge_indptr = base, base + cap * 16, base + cap * 16 + 16
-        a.part_o = self._float_ws.data_ptr()
-        a.part_lse = a.part_o + slots * self._hq * self._d * 4
-        a.num_qo_heads, a.num_kv_heads, a.page_size = self._hq, self._hkv, self._ps
-        a.page_shift = page_shift(self._ps)
-        a.grid_items = cap
-        a.merge_batch = self._batch if (plan.split or self._use_cuda_graph) else 0
-        a.sm_scale, a.logits_soft_cap = self._sm_scale, self._cap
-        a.rope_scale, a.rope_theta = self._rope_scale, self._rope_theta
-        self._args = a
-        self._args_addr = ctypes.addressof(a)
+        a = self._args
+        PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
+        part_o = self._float_ws.data_ptr()
+        PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
+        PACK_OPTS(a, OFF_OPTS, *o.opt_fields)
+        # window_left, grid_items, merge_batch, sm_scale: run() writes them with the scales
+        self._tail = (o.window_left, cap, B if (plan.split or graph) else 0, o.sm_scale)
+        self._mod_launch = launch
+        self._kv_last = None
+        self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
+                      self._args_addr, launch, self._tail)
 
     begin_forward = plan
 
@@ -332,10 +379,45 @@ class BatchDecodeWithPagedKVCacheWrapper:
             window_left: Optional[int] = None):
         """Decode ``q [B, Hq, D]`` against the planned batch -> ``o [B, Hq, D]`` (+ ``lse [B, Hq]``,
         float32, base 2). Launch only: no synchronisation, no host copies."""
+        # The launch path accepts a call only when each check the checked path would make passes,
+        # and then never raises an input error itself: declined calls take the checked path.
+        # torch.compile traces only the first test (then the checked path and its custom op).
+        if (not _compiling() and (fast := self._fast) is not None and lse is None and not return_lse
+                and q_scale is None and window_left is None and not _check_inputs()):
+            q_dtype, q_shape, dev, no_capture, seen, a, addr, launch, tail = fast
+            c = paged_kv_cache
+            if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
+                    and (k_scale is None or type(k_scale) is float)
+                    and (v_scale is None or type(v_scale) is float)
+                    and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape))
+                    and not (no_capture and capturing())):
+                kv = seen.get((c.data_ptr(), c.shape, c.stride(), c.dtype) if type(c) is _Tensor else _cache_key(c))
+                qs = q.stride()
+                qp = q.data_ptr()
+                if kv is not None and qs[2] == 1 and not (qp % 16 or qs[0] % 8 or qs[1] % 8):
+                    if out is None:
+                        out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+                    os_ = out.stride()
+                    if os_[2] == 1:
+                        PACK_Q(a, OFF_Q, qp, qs[0], qs[1])
+                        if kv is not self._kv_last:  # the previous call's cache: its fields are set
+                            PACK_KV(a, OFF_KV, *kv[0])
+                            self._kv_last = kv
+                        PACK_OUT(a, OFF_OUT, out.data_ptr(), os_[0], os_[1], 0)
+                        PACK_TAIL(a, OFF_TAIL, tail[0], tail[1], tail[2], tail[3],
+                                  1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
+                        rc = launch(addr, raw_stream(dev))
+                        if rc:
+                            raise self._mod.error(rc, "fi_batch_decode")
+                        return out
+        return self._run_checked(q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse,
+                                 window_left)
+
+    def _run_checked(self, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left):
+        """run() with every input check; the only path for the reference backend, lse, scale
+        tensors, FI_CHECK_INPUTS and torch.compile."""
         if not self._planned:
             raise InputError("run() called before plan()")
-        # The fast path below costs ~2 us of Python: one signature compare per tensor, no torch
-        # ops besides data_ptr()/stride(); knobs were read at plan() time.
         if not self._use_cuda_graph and _capturing():
             raise InputError("run() is being captured into a CUDA graph but this wrapper was built "
                              "with use_cuda_graph=False: its plan() buffers may move. Build it with "
@@ -364,7 +446,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor, "
                              f"got {lse.dtype} {tuple(lse.shape)}")
         if _check_inputs():
-            self._check_pages(kv[4])
+            self._check_pages(kv[1])
         if _compiling():
             cache_a, cache_b = (paged_kv_cache, None) if isinstance(paged_kv_cache, torch.Tensor) \
                 else tuple(paged_kv_cache)
@@ -380,19 +462,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._launch(q, kv, sm_mul, ks, vs, wl, out, lse)
 
     def _kv_view(self, paged_kv_cache):
-        """(k_ptr, k_strides, v_ptr, v_strides, num_pages) of a validated cache. Validation and
-        view creation cost several microseconds, so the result is remembered per cache
-        signature (addresses, shapes, strides, dtype): a serving loop passes the same per-layer
-        caches every step. Only numbers are kept, never the tensors."""
-        if type(paged_kv_cache) is torch.Tensor:
-            c = paged_kv_cache
-            key = (c.data_ptr(), c.shape, c.stride(), c.dtype)
-        elif isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2 and \
-                all(type(t) is torch.Tensor for t in paged_kv_cache):
-            k, v = paged_kv_cache
-            key = (k.data_ptr(), v.data_ptr(), k.shape, k.stride(), v.shape, v.stride(), k.dtype, v.dtype)
-        else:
-            key = None
+        """((k_ptr, k page/token/head strides, v_ptr, v strides), num_pages) of a validated cache.
+        Validation and view creation cost several microseconds, so the result is remembered per
+        cache signature (see _cache_key) until a plan() changes the geometry it was checked
+        against: a serving loop passes the same per-layer caches every step. Only numbers are
+        kept, never the tensors."""
+        key = _cache_key(paged_kv_cache)
         hit = self._kv_seen.get(key) if key is not None else None
         if hit is not None:
             return hit
@@ -403,7 +478,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"({self._ps}, {self._hkv}, {self._d})")
         if kv.dtype != self._kv_dtype:
             raise InputTypeError(f"paged_kv_cache must be {self._kv_dtype} (the planned kv_data_type), got {kv.dtype}")
-        hit = (kv.k_ptr(), kv.k_strides, kv.v_ptr(), kv.v_strides, kv.num_pages)
+        hit = ((kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides), kv.num_pages)
         if key is not None:
             if len(self._kv_seen) >= 256:
                 self._kv_seen.clear()
@@ -418,18 +493,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.get_device() != self._dev_index:
             raise InputError(f"q is on cuda:{q.get_device()} but the workspace on cuda:{self._dev_index}")
         a = self._args
-        a.q, a.q_stride_b, a.q_stride_h = qp, qs[0], qs[1]
+        PACK_Q(a, OFF_Q, qp, qs[0], qs[1])
         if kv is not self._kv_last:  # the same cache as the previous call: its fields are set
-            a.k, (a.k_stride_page, a.k_stride_tok, a.k_stride_head), a.v, \
-                (a.v_stride_page, a.v_stride_tok, a.v_stride_head) = kv[0], kv[1], kv[2], kv[3]
+            PACK_KV(a, OFF_KV, *kv[0])
             self._kv_last = kv
         os_ = out.stride()
-        a.out, a.o_stride_b, a.o_stride_h = out.data_ptr(), os_[0], os_[1]
-        a.lse = 0 if lse is None else lse.data_ptr()
-        a.window_left = wl
-        a.sm_scale = self._sm_scale * sm_mul
-        a.k_scale, a.v_scale = ks, vs
-        rc = self._mod_launch(self._args_addr, _raw_stream(self._dev_index))
+        PACK_OUT(a, OFF_OUT, out.data_ptr(), os_[0], os_[1], 0 if lse is None else lse.data_ptr())
+        tail = self._tail
+        PACK_TAIL(a, OFF_TAIL, wl, tail[1], tail[2], self._sm_scale * sm_mul, ks, vs)
+        rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
         if rc:
             raise self._mod.error(rc, "fi_batch_decode")
 
@@ -438,7 +510,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             table = self._d_indices
             if table is None:
                 off, nnz = self._staged_indices
-                table = self._int_ws[off: off + nnz]
+                table = self._staging.device_buf[off: off + nnz]
         else:
             table = self._indices_in
         used = table[: int(self._h_indptr[-1])] if self._batch else table[:0]

@@ -20,7 +20,7 @@ buffers. ``merge_indptr[b]:merge_indptr[b+1]`` are request b's slots (empty when
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -42,12 +42,15 @@ MAX_PIECES = 32
 
 @dataclass(frozen=True)
 class DecodePlan:
-    work: np.ndarray          # int32 [n_items, 4]
-    merge_indptr: np.ndarray  # int32 [batch + 1]
+    work: np.ndarray          # int32 [n_items, 4], a view of packed
+    merge_indptr: np.ndarray  # int32 [batch + 1], a view of packed
     num_items: int
     num_slots: int            # partial states needed (0 when nothing is split)
     chunk: int                # tokens per chunk (0: no split)
     split: bool
+    # int32 [n_items * 4 + 4 + batch + 1]: work | num_items, 0, 0, 0 | merge_indptr, the device
+    # metadata layout when the grid has exactly n_items items: the wrapper stages it in one copy.
+    packed: np.ndarray = field(repr=False)
 
 
 def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
@@ -75,8 +78,8 @@ def _model_time(items: np.ndarray, chunks: np.ndarray, total: int, longest: int,
     """
     ctas = items * kv_units
     cta = np.minimum(chunks, longest) + CTA_COST_TOKENS
-    waves = -(-ctas // slots) * cta
-    greedy = (total * kv_units + ctas * CTA_COST_TOKENS) / slots + cta
+    waves = (ctas + (slots - 1)) // slots * cta
+    greedy = (ctas * CTA_COST_TOKENS + total * kv_units) / slots + cta
     return np.minimum(waves, greedy) + np.where(chunks < longest, MERGE_COST_TOKENS, 0)
 
 
@@ -106,86 +109,118 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
     >>> p = plan_decode(np.full(128, 8192), kv_units=8, sm_count=132, ctas_per_sm=3)
     >>> p.split, p.num_items   # 1024 CTAs = 2.59 waves -> 5 chunks each: 5120 CTAs = 12.9 waves
     (True, 640)
+
+    See Also
+    --------
+    plan_uniform : the same for a batch whose requests all have one length, without the array.
     """
     kv_lens = np.asarray(kv_lens, dtype=np.int64)
     batch = int(kv_lens.shape[0])
     longest = int(kv_lens.max()) if batch else 0
     if batch and int(kv_lens.min()) == longest:  # uniform batches (benchmarks, padded serving)
-        return _uniform_plan(batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-                             fixed_split_size, capacity)
+        return plan_uniform(batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
+                            fixed_split_size, capacity)
     return _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
                  fixed_split_size, capacity)
 
 
 @functools.lru_cache(maxsize=1024)
-def _uniform_plan(batch, length, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-                  fixed_split_size, capacity) -> DecodePlan:
-    """A uniform batch's plan depends on scalars only: computed once, arrays made read-only."""
+def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per_sm: int,
+                 disable_split_kv: bool = False, fixed_split_size: Optional[int] = None,
+                 capacity: Optional[int] = None) -> DecodePlan:
+    """:func:`plan_decode` of ``batch`` requests of ``length`` tokens each. It depends on scalars
+    only, so it is computed once per argument tuple (pass them positionally: that is the cache
+    key) and its arrays are read-only."""
     plan = _plan(np.full(batch, length, dtype=np.int64), batch, length, kv_units, sm_count,
-                 ctas_per_sm, disable_split_kv, fixed_split_size, capacity)
-    plan.work.flags.writeable = False
-    plan.merge_indptr.flags.writeable = False
+                 ctas_per_sm, disable_split_kv, fixed_split_size, capacity, uniform=True)
+    for a in (plan.packed, plan.work, plan.merge_indptr):
+        a.flags.writeable = False
     return plan
 
 
+# Candidate divisors: the longest request in k = 1..MAX_PIECES equal pieces, the whole batch in
+# w = 1..MAX_WAVES waves.
+_PIECES = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
+_WAVES = np.arange(1, MAX_WAVES + 1, dtype=np.int64)
+
+
+def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform) -> int:
+    """The candidate chunk with the smallest modelled time (ties: the larger chunk, for fewer
+    items and less merge traffic); ``longest`` means no split. About 30 numpy calls on arrays of
+    MAX_PIECES + MAX_WAVES candidates: each costs about a microsecond, whatever the batch."""
+    slots = max(1, sm_count * ctas_per_sm)
+    limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
+    if capacity is not None:
+        limit = min(limit, capacity)
+    # The longest chunk (k = 1, which rounds and clamps to longest) has one item per request and
+    # every other candidate more: if even it does not fit, take it anyway (only reachable with a
+    # tiny capacity) and let the caller report the overflow.
+    if batch > limit:
+        return longest
+    total = batch * longest if uniform else int(kv_lens.sum())
+    per_wave = slots // max(kv_units, 1) or 1
+    # ceil(x / d) - 1 = (x - 1) // d; rounding ceil(x / d) up to CHUNK_ALIGN is then (q + A) // A * A
+    q = np.concatenate(((longest - 1) // _PIECES, (total - 1) // (_WAVES * per_wave)))
+    cands = (q + CHUNK_ALIGN) // CHUNK_ALIGN * CHUNK_ALIGN
+    np.maximum(cands, MIN_CHUNK_TOKENS, out=cands)
+    np.minimum(cands, longest, out=cands)
+    cands.sort()  # duplicates stay: they have equal costs and do not change the choice below
+    if uniform:
+        items = batch * ((longest - 1) // cands + 1)
+    else:  # float64 division of integers < 2^53 is exact where it matters (multiples)
+        m = np.divide(np.maximum(kv_lens, 1).astype(np.float64), cands[:, None])
+        np.ceil(m, out=m)
+        items = m.sum(axis=1).astype(np.int64)
+    cost = _model_time(items, cands, total, longest, kv_units, slots)
+    cost[items > limit] = np.inf
+    return int(cands[len(cands) - 1 - int(np.argmin(cost[::-1]))])
+
+
 def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-          fixed_split_size, capacity) -> DecodePlan:
+          fixed_split_size, capacity, uniform=False) -> DecodePlan:
     chunk = 0
     if fixed_split_size is not None and fixed_split_size > 0 and not disable_split_kv:
         chunk = int(fixed_split_size)
     elif not disable_split_kv and longest > MIN_CHUNK_TOKENS:
-        slots = max(1, sm_count * ctas_per_sm)
-        limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
-        if capacity is not None:
-            limit = min(limit, capacity)
-        # Candidates: the longest request in k = 1..MAX_PIECES equal pieces (k = 1: no split),
-        # and the chunks that make the whole batch exactly w = 1..MAX_WAVES waves.
-        k = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
-        w = np.arange(1, MAX_WAVES + 1, dtype=np.int64)
-        total = int(kv_lens.sum())
-        raw = np.concatenate((-(-longest // k), -(-total // (w * (slots // max(kv_units, 1) or 1)))))
-        cands = np.maximum(MIN_CHUNK_TOKENS, -(-raw // CHUNK_ALIGN) * CHUNK_ALIGN)
-        cands = np.unique(np.concatenate((np.minimum(cands, longest), [longest])))
-        if kv_lens.min() == longest:  # uniform batch: no [candidates, batch] matrix
-            items = batch * -(-longest // cands)
-        else:  # float64 division of integers < 2^53 is exact where it matters (multiples)
-            m = np.divide(np.maximum(kv_lens, 1).astype(np.float64)[None, :], cands[:, None])
-            np.ceil(m, out=m)
-            items = m.sum(axis=1).astype(np.int64)
-        ok = items <= limit
-        if ok.any():
-            cost = _model_time(items, cands, total, longest, kv_units, slots)
-            cost = np.where(ok, cost, np.inf)
-            # ties go to the larger chunk (fewer items, less merge traffic)
-            chunk = int(cands[len(cands) - 1 - int(np.argmin(cost[::-1]))])
-        else:  # only reachable with a tiny capacity: the coarsest chunk that fits
-            chunk = longest
+        chunk = _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform)
     if chunk and chunk >= longest:
         chunk = 0
     if not chunk:  # the common large-batch case: one item per request, written directly
-        work = np.empty((batch, 4), dtype=np.int32)
-        work[:, 0] = np.arange(batch)
-        work[:, 1] = 0
-        work[:, 2] = kv_lens
-        work[:, 3] = -1
         if capacity is not None and batch > capacity:
             raise ValueError(f"the plan needs {batch} work items but the CUDA-graph buffers hold {capacity}")
-        return DecodePlan(work=work, merge_indptr=np.zeros(batch + 1, dtype=np.int32), num_items=batch,
-                          num_slots=0, chunk=0, split=False)
-    nchunks = np.maximum(1, -(-kv_lens // chunk))
-    n_items = int(nchunks.sum())
+        packed = np.zeros(batch * 4 + 4 + batch + 1, dtype=np.int32)
+        work = packed[: batch * 4].reshape(batch, 4)
+        work[:, 0] = np.arange(batch)
+        work[:, 2] = kv_lens
+        work[:, 3] = -1
+        packed[batch * 4] = batch
+        return DecodePlan(work=work, merge_indptr=packed[batch * 4 + 4:], num_items=batch, num_slots=0,
+                          chunk=0, split=False, packed=packed)
+    nchunks = (np.maximum(kv_lens, 1) - 1) // chunk + 1
+    ends = np.cumsum(nchunks)
+    n_items = int(ends[-1])
     if capacity is not None and n_items > capacity:
         raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
                          f"{capacity}; use a larger fixed_split_size or disable_split_kv")
-    req = np.repeat(np.arange(batch), nchunks)
-    idx_in_req = np.arange(n_items) - (np.cumsum(nchunks) - nchunks)[req]
+    packed = np.empty(n_items * 4 + 4 + batch + 1, dtype=np.int32)
+    packed[n_items * 4: n_items * 4 + 5] = (n_items, 0, 0, 0, 0)
+    merge_indptr = packed[n_items * 4 + 4:]
     split_req = nchunks > 1
-    merge_indptr = np.zeros(batch + 1, dtype=np.int32)
-    np.cumsum(np.where(split_req, nchunks, 0), out=merge_indptr[1:])
-    work = np.empty((n_items, 4), dtype=np.int32)
-    work[:, 0] = req
-    work[:, 1] = idx_in_req * chunk
-    work[:, 2] = np.minimum(work[:, 1] + chunk, kv_lens[req])
-    work[:, 3] = np.where(split_req[req], merge_indptr[req] + idx_in_req, -1)
+    np.cumsum(nchunks * split_req, out=merge_indptr[1:])
+    # Per request: index, length, first item, first partial slot (-1 when not split: its single
+    # item writes the output), repeated once per item in one call.
+    per_req = np.empty((batch, 4), dtype=np.int64)
+    per_req[:, 0] = np.arange(batch)
+    per_req[:, 1] = kv_lens
+    per_req[:, 2] = ends - nchunks
+    per_req[:, 3] = np.where(split_req, merge_indptr[:-1], -1)
+    rows = np.repeat(per_req, nchunks, axis=0)
+    piece = np.arange(n_items) - rows[:, 2]  # chunk index within its request
+    begin = piece * chunk
+    work = packed[: n_items * 4].reshape(n_items, 4)
+    work[:, 0] = rows[:, 0]
+    work[:, 1] = begin
+    work[:, 2] = np.minimum(begin + chunk, rows[:, 1])
+    work[:, 3] = rows[:, 3] + piece  # an unsplit request's only item: -1 + 0
     return DecodePlan(work=work, merge_indptr=merge_indptr, num_items=n_items,
-                      num_slots=int(merge_indptr[-1]), chunk=chunk, split=bool(split_req.any()))
+                      num_slots=int(merge_indptr[-1]), chunk=chunk, split=n_items > batch, packed=packed)

@@ -19,8 +19,8 @@ from fi_core.errors import InputError, InputTypeError
 from ..kv import check_kv_layout
 from ..reference import attention_reference
 from . import common
-from .batch import _ctas_per_sm, _raw_stream
-from .launch import DecodeArgs
+from .batch import _ctas_per_sm
+from .launch import DecodeArgs, raw_stream
 from .planner import plan_decode
 from .spec import heads_per_cta, select_spec
 
@@ -162,7 +162,7 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
     a.rope_scale, a.rope_theta = rs, rt
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    rc = launch(ctypes.addressof(a), _raw_stream(idx))
+    rc = launch(ctypes.addressof(a), raw_stream(idx))
     if rc:
         raise mod.error(rc, "fi_batch_decode")
 

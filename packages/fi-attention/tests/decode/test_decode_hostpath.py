@@ -1,0 +1,275 @@
+"""CPU tests of BatchDecodeWithPagedKVCacheWrapper's CUDA host path (plan() staging, run()'s launch
+path and its fallback to the checked path), run under fi_attention.decode.hostsim: the same Python
+as on a GPU, with the launcher recording the argument block it is given."""
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fi_core import knobs
+from fi_core.errors import CudaError, InputError, InputTypeError
+from fi_attention import BatchDecodeWithPagedKVCacheWrapper
+from fi_attention.decode.hostsim import FAKE_STREAM, SM_COUNT, CTAS_PER_SM, HostSim
+from fi_attention.decode.launch import DecodeArgs
+from fi_attention.decode.planner import kv_lengths, plan_decode
+from fi_attention.decode.tables import request_lengths
+
+PS, HQ, HKV, D = 16, 32, 8, 128
+BF16 = torch.bfloat16
+
+
+def tables(lens, ps=PS, seed=0):
+    """Shuffled page table for requests of the given token counts (0: no pages)."""
+    pages = [-(-n // ps) for n in lens]
+    perm = torch.randperm(sum(pages) + 3, generator=torch.Generator().manual_seed(seed))[: sum(pages)]
+    indptr = torch.tensor([0] + np.cumsum(pages).tolist(), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages)], dtype=torch.int32)
+    return indptr, perm.to(torch.int32), last
+
+
+def cache_for(indices, ps=PS, dtype=BF16):
+    n = int(indices.max()) + 1 if indices.numel() else 1
+    return torch.zeros(n, 2, ps, HKV, D, dtype=dtype)
+
+
+def args_bytes(args: DecodeArgs) -> bytes:
+    return ctypes.string_at(ctypes.addressof(args), ctypes.sizeof(DecodeArgs))
+
+
+def ints(buf: torch.Tensor, addr: int, n: int) -> list:
+    off = (addr - buf.data_ptr()) // 4
+    return buf[off: off + n].tolist()
+
+
+@pytest.fixture
+def sim():
+    with HostSim() as s:
+        yield s
+
+
+@pytest.mark.parametrize("lens", [[600], [4096] * 3, [1, 5000, 0, 300, 17], [0, 0], [20000, 16]])
+def test_plan_stages_the_plan_and_the_page_table_in_one_buffer(sim, lens):
+    indptr, indices, last = tables(lens)
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, logits_soft_cap=30.0, rope_theta=5e5)
+    q = torch.zeros(len(lens), HQ, D, dtype=BF16)
+    w.run(q, cache_for(indices), out=torch.empty_like(q))
+    a, stream = sim.launches[-1]
+    want = plan_decode(kv_lengths(indptr.numpy(), last.numpy(), PS), kv_units=HKV,
+                       sm_count=SM_COUNT, ctas_per_sm=CTAS_PER_SM)
+    buf = w._staging.device_buf
+    n, B = want.num_items, len(lens)
+    assert stream == FAKE_STREAM and a.grid_items == n
+    assert ints(buf, a.work, 4 * n) == want.work.reshape(-1).tolist()
+    assert ints(buf, a.num_work, 1) == [n]
+    assert ints(buf, a.merge_indptr, B + 1) == want.merge_indptr.tolist()
+    assert ints(buf, a.kv_indptr, B + 1) == indptr.tolist()
+    assert ints(buf, a.kv_last_page_len, B) == last.tolist()
+    assert ints(buf, a.kv_indices, int(indptr[-1])) == indices.tolist()
+    assert a.merge_batch == (B if want.split else 0)
+    assert (a.num_qo_heads, a.num_kv_heads, a.page_size, a.page_shift) == (HQ, HKV, PS, 4)
+    assert a.part_o == w._float_ws.data_ptr()
+    assert a.part_lse == a.part_o + want.num_slots * HQ * D * 4
+    assert (a.logits_soft_cap, a.rope_scale, a.rope_theta) == (30.0, 1.0, 5e5)
+    assert (a.window_left, a.sm_scale, a.k_scale, a.v_scale, a.lse) == (-1, 1 / math.sqrt(D), 1.0, 1.0, 0)
+
+
+def test_launch_path_and_checked_path_write_the_same_arguments(sim):
+    indptr, indices, last = tables([3000, 40])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, window_left=100)
+    cache = cache_for(indices)
+    q = torch.zeros(2, 2, HQ, D, dtype=BF16)[:, 1]  # a view: batch stride 2 * HQ * D
+    out = torch.empty(2, HQ, D, dtype=BF16)
+    w.run(q, cache, out=out, k_scale=0.5, v_scale=2.0)  # first sight of the cache: checked path
+    w.run(q, cache, out=out, k_scale=0.5, v_scale=2.0)  # remembered cache: launch path
+    with knobs.override(FI_CHECK_INPUTS="1"):  # forces the checked path
+        w.run(q, cache, out=out, k_scale=0.5, v_scale=2.0)
+    checked, fast, checked2 = (args_bytes(a) for a, _ in sim.launches)
+    assert fast == checked == checked2
+    a = sim.launches[-1][0]
+    assert (a.q, a.q_stride_b, a.q_stride_h) == (q.data_ptr(), 2 * HQ * D, D)
+    assert (a.out, a.o_stride_b, a.o_stride_h) == (out.data_ptr(), HQ * D, D)
+    assert (a.k, a.v) == (cache.data_ptr(), cache[:, 1].data_ptr())
+    assert (a.k_stride_page, a.k_stride_tok, a.k_stride_head) == (2 * PS * HKV * D, HKV * D, D)
+    assert (a.window_left, a.k_scale, a.v_scale) == (100, 0.5, 2.0)
+
+
+def test_per_call_options_reach_the_arguments_and_do_not_stick(sim):
+    indptr, indices, last = tables([700, 64])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, sm_scale=0.25)
+    cache = cache_for(indices)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    lse = torch.empty(2, HQ)
+    w.run(q, cache, q_scale=2.0, window_left=31, lse=lse, k_scale=torch.tensor(0.5))
+    a = sim.launches[-1][0]
+    assert (a.sm_scale, a.window_left, a.lse, a.k_scale) == (0.5, 31, lse.data_ptr(), 0.5)
+    o, l2 = w.run(q, cache, return_lse=True)
+    a = sim.launches[-1][0]
+    assert a.lse == l2.data_ptr() and a.out == o.data_ptr() and o.is_contiguous()
+    w.run(q, cache)  # defaults again, on the launch path
+    a = sim.launches[-1][0]
+    assert (a.sm_scale, a.window_left, a.lse, a.k_scale, a.v_scale) == (0.25, -1, 0, 1.0, 1.0)
+
+
+def test_switching_caches_rewrites_the_kv_fields(sim):
+    indptr, indices, last = tables([300, 40])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    a_cache, b_cache = cache_for(indices), cache_for(indices)
+    pair = (b_cache[:, 0], b_cache[:, 1])
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    for c in (a_cache, a_cache, b_cache, a_cache, pair, pair, a_cache):
+        w.run(q, c)
+    got = [(a.k, a.v) for a, _ in sim.launches]
+    ka, kb = (a_cache.data_ptr(), a_cache[:, 1].data_ptr()), (b_cache.data_ptr(), b_cache[:, 1].data_ptr())
+    assert got == [ka, ka, kb, ka, kb, kb, ka]
+
+
+def test_launch_path_declines_and_the_checked_path_raises(sim):
+    indptr, indices, last = tables([300, 40])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    cache = cache_for(indices)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    w.run(q, cache)  # the cache is remembered: later calls reach the launch path's checks
+    with pytest.raises(InputTypeError, match="q must be"):
+        w.run(q.half(), cache)
+    with pytest.raises(InputError, match="q must have shape"):
+        w.run(torch.zeros(3, HQ, D, dtype=BF16), cache)
+    with pytest.raises(InputError, match="16-byte aligned"):
+        w.run(torch.zeros(2 * HQ * D + 1, dtype=BF16)[1:].view(2, HQ, D), cache)
+    with pytest.raises(InputError, match="out must be"):
+        w.run(q, cache, out=torch.empty(2, HQ, D))
+    with pytest.raises(InputError, match="out must be"):
+        w.run(q, cache, out=torch.empty(2, HQ, 2 * D, dtype=BF16)[:, :, ::2])
+    with pytest.raises(InputError, match="paged_kv_cache has"):
+        w.run(q, cache[:, :, :, :4])
+    with pytest.raises(InputTypeError, match="paged_kv_cache must be"):
+        w.run(q, cache.view(torch.float16))
+    sim.capturing = True
+    with pytest.raises(InputError, match="use_cuda_graph"):
+        w.run(q, cache)
+    sim.capturing = False
+    launches = len(sim.launches)
+    sim.return_code = 700
+    with pytest.raises(CudaError, match="fi_batch_decode"):
+        w.run(q, cache)
+    assert len(sim.launches) == launches + 1
+
+
+def test_a_failed_plan_leaves_no_runnable_state(sim):
+    indptr, indices, last = tables([20000, 20000])
+    w = sim.wrapper(workspace_bytes=1 << 16)  # too small for the split plan's partial states
+    with pytest.raises(InputError, match="float_workspace_buffer"):
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    with pytest.raises(InputError, match="before plan"):
+        w.run(torch.zeros(2, HQ, D, dtype=BF16), cache_for(indices))
+    assert not sim.launches
+
+
+def test_metadata_ring_waits_only_when_it_wraps(sim):
+    indptr, indices, last = tables([500, 3])
+    w = sim.wrapper()
+    for i in range(6):
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        assert sim.counts["event_record"] == i + 1
+        assert sim.counts["event_sync"] == max(0, i + 1 - 4)
+
+
+def test_cuda_graph_replan_keeps_every_address(sim):
+    bufs = (torch.zeros(5, dtype=torch.int32), torch.zeros(4096, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int32))
+    w = sim.wrapper(graph_buffers=bufs)
+    q, out = torch.zeros(4, HQ, D, dtype=BF16), torch.empty(4, HQ, D, dtype=BF16)
+    seen = []
+    for seed, lens in enumerate(([30, 5000, 1, 700], [9000, 16, 16, 3], [1, 1, 1, 20000])):
+        indptr, indices, last = tables(lens, seed=seed)
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        w.run(q, cache_for(bufs[1]), out=out)
+        a = sim.launches[-1][0]
+        seen.append((a.kv_indptr, a.kv_indices, a.kv_last_page_len, a.work, a.num_work, a.merge_indptr,
+                     a.part_o, a.part_lse, a.grid_items, a.merge_batch))
+        assert (a.kv_indptr, a.kv_indices, a.kv_last_page_len) == tuple(b.data_ptr() for b in bufs)
+        assert bufs[0].tolist() == indptr.tolist() and bufs[2].tolist() == last.tolist()
+        assert bufs[1][: indices.numel()].tolist() == indices.tolist()
+        plan = w._plan
+        assert ints(w._staging.device_buf, a.num_work, 1) == [plan.num_items]
+        assert ints(w._staging.device_buf, a.work, 4 * plan.num_items) == plan.work.reshape(-1).tolist()
+    assert seen[0] == seen[1] == seen[2] and seen[0][8] == w._capacity and seen[0][9] == 4
+    with pytest.raises(InputError, match="built for batch 4"):
+        w.plan(*tables([5, 5]), HQ, HKV, D, PS, q_data_type=BF16)
+    sim.capturing = True  # a graph wrapper may be captured
+    w.run(q, cache_for(bufs[1]), out=out)
+
+
+def test_options_are_remembered_per_value(sim):
+    indptr, indices, last = tables([800, 20])
+    w = sim.wrapper()
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    cache = cache_for(indices)
+    for cap, theta, scale in ((None, None, None), (20.0, 5e5, 0.1), (None, None, None), (20.0, 5e5, 0.1)):
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, logits_soft_cap=cap, rope_theta=theta,
+               sm_scale=torch.tensor(scale) if scale else None)
+        w.run(q, cache)
+        a = sim.launches[-1][0]
+        assert (a.logits_soft_cap, a.rope_theta) == (cap or 0.0, theta or 1e4)
+        assert a.sm_scale == pytest.approx(scale or 1 / math.sqrt(D))
+    scale = torch.tensor(0.5)  # a tensor option is read by every plan, never remembered
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, sm_scale=scale)
+    scale.fill_(0.25)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, sm_scale=scale)
+    w.run(q, cache)
+    assert sim.launches[-1][0].sm_scale == 0.25
+
+
+def test_cache_is_revalidated_when_a_plan_changes_the_geometry():
+    # CPU backend: run() remembers a validated cache; a plan with another page size must not
+    # reuse that verdict
+    indptr, indices, last = tables([37, 9], ps=4)
+    cache = torch.zeros(int(indices.max()) + 1, 2, 4, 2, 16, dtype=torch.float16)
+    q = torch.zeros(2, 4, 16, dtype=torch.float16)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16)
+    w.run(q, cache)
+    w.plan(indptr, indices, torch.ones(2, dtype=torch.int32), 4, 2, 16, 2, q_data_type=torch.float16)
+    with pytest.raises(InputError, match="page_size"):
+        w.run(q, cache)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_request_lengths_uniform_and_ragged_agree_with_kv_lengths(seed):
+    rng = np.random.default_rng(seed)
+    batch, ps = int(rng.integers(1, 50)), int(rng.choice([1, 4, 16]))
+    if seed % 3 == 0:  # uniform, sometimes without pages
+        pages = np.full(batch, int(rng.integers(0, 5)))
+    else:
+        pages = rng.integers(0 if seed % 3 == 1 else 1, 6, batch)
+    last = np.where(pages > 0, rng.integers(1, ps + 1, batch), rng.integers(-3, 40, batch))
+    if seed % 3 == 0:
+        last[:] = last[0]
+    indptr = np.concatenate(([0], np.cumsum(pages))).astype(np.int32)
+    last = last.astype(np.int32)
+    got = request_lengths(indptr, last, ps, int(indptr[-1]))
+    want = kv_lengths(indptr, last, ps)
+    assert np.array_equal(np.broadcast_to(got, want.shape), want)
+    assert isinstance(got, int) == (seed % 3 == 0)
+
+
+def test_request_lengths_errors_are_the_same_for_uniform_and_ragged_tables():
+    two = np.array([0, 2, 4], np.int32)
+    for last in (np.array([0, 0], np.int32), np.array([0, 3], np.int32)):
+        with pytest.raises(InputError, match=r"last_page_len must be in \[1, page_size=16\]; request 0 has 0"):
+            request_lengths(two, last, 16, 4)
+    for indptr in (np.array([1, 3, 5], np.int32), np.array([0, 3, 2], np.int32), np.array([0, -1, -2], np.int32)):
+        with pytest.raises(InputError, match="start at 0 and be non-decreasing"):
+            request_lengths(indptr, np.ones(2, np.int32), 16, 4)
+    with pytest.raises(InputError, match="exceeds the 3 page indices"):
+        request_lengths(two, np.ones(2, np.int32), 16, 3)
+    with pytest.raises(InputError, match="batch entries"):
+        request_lengths(two, np.ones(3, np.int32), 16, 4)
+    assert request_lengths(np.array([0], np.int32), np.zeros(0, np.int32), 16, 0) == 0
