@@ -750,7 +750,9 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   if (kSoftcap != (softcap > 0.f)) return cudaErrorInvalidValue;  // wrong module for the call
   p.scale_log2 = kSoftcap ? softcap * fi::kLog2e : sm_scale * fi::kLog2e;
   p.softcap_pre = kSoftcap ? sm_scale / softcap : 0.f;
-  p.window_left = window_left < 0 ? -1 : int(window_left);
+  // A window of 2^30 keys covers any sequence of up to 2^30 keys; clamping keeps the kernel's int
+  // column bounds (row + diag - window - column in mask_tile) from overflowing.
+  p.window_left = window_left < 0 ? -1 : int(std::min<int64_t>(window_left, int64_t(1) << 30));
   p.batch = int(batch);
   const int64_t num_tiles = int64_t(p.num_m_blocks) * batch * num_qo_heads;
   if (num_qo_heads > 65535 || batch > 65535 || num_tiles >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
