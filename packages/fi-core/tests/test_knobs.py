@@ -62,3 +62,15 @@ def test_values_are_cached_until_override_or_refresh(monkeypatch):
     assert knobs.log_dispatch() is True
     monkeypatch.delenv("FI_LOG_DISPATCH")
     knobs.refresh()
+
+
+def test_fa3_ctas_values():
+    with knobs.override(FI_FA3_CTAS=None):
+        assert knobs.fa3_ctas() == 0
+    with knobs.override(FI_FA3_CTAS="all"):
+        assert knobs.fa3_ctas() == -1
+    with knobs.override(FI_FA3_CTAS="3"):
+        assert knobs.fa3_ctas() == 3
+    with knobs.override(FI_FA3_CTAS="0"):
+        with pytest.raises(ValueError, match="FI_FA3_CTAS must be 'all' or a positive integer"):
+            knobs.fa3_ctas()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fi_core import knobs
 from fi_core import testing
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_attention.prefill import hopper
@@ -362,3 +363,34 @@ def test_logits_soft_cap(causal):
     # logits are ~N(0, 1) here, so cap 2 bends them well into tanh's curved range
     _needs_sm90()
     _check([1000, 77], [1000, 300], causal=causal, softcap=2.0, seed=31)
+
+
+# ---------------------------------------------------------------------------- GPU: persistent CTAs
+# The kernel is persistent (one CTA per SM by default): each CTA walks a snake over the work tiles,
+# carrying its pipeline stage/phase counters, Q buffer and ping-pong turns from tile to tile. With
+# the small shapes above most CTAs get one tile, so here FI_FA3_CTAS forces 3 CTAs (dozens of
+# tiles each, including skipped and key-less tiles) and "all" (one tile per CTA); both must match
+# the reference and each other bit for bit (a tile's math does not depend on which CTA runs it).
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", [
+    dict(qo_lens=[1000], kv_lens=[1000], causal=True),
+    dict(qo_lens=[1000], kv_lens=[1000], causal=False, dtype=FP16),
+    dict(qo_lens=[300, 7, 1000, 129], kv_lens=[50, 100, 1200, 700], causal=True),  # key-less tiles
+    dict(qo_lens=[300, 7, 1000, 129], kv_lens=[50, 100, 1200, 700], causal=False),
+    dict(qo_lens=[2000, 50], kv_lens=[2000, 300], causal=True, window_left=127),
+    dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=True, page_size=16),
+    dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=False, page_size=8, layout="HND"),
+    dict(qo_lens=[1000], kv_lens=[1000], causal=True, d=256),
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=True, d=64),
+])
+def test_persistent_many_tiles_per_cta(case):
+    _needs_sm90()
+    outs = []
+    for ctas in ("3", "all", "1"):
+        with knobs.override(FI_FA3_CTAS=ctas):
+            out, lse = _check(**case, seed=37)
+        outs.append((out, lse))
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]), "result depends on the number of persistent CTAs"
+        assert torch.equal(lse, outs[0][1]), "LSE depends on the number of persistent CTAs"

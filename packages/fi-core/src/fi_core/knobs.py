@@ -143,6 +143,28 @@ no_jit = _declare(Knob(
     "FI_NO_JIT", "bool", "0",
     "Never compile at run time: a kernel missing from the prebuilt set and the cache is an error."))
 
+fa3_ctas_raw = _declare(Knob(
+    "FI_FA3_CTAS", "str", None,
+    "Testing/A-B knob of the Hopper prefill kernel's persistent grid: unset = one CTA per SM, "
+    "'all' = one CTA per work tile (non-persistent launch), N > 0 = at most N CTAs."))
+
+
+def fa3_ctas() -> int:
+    """FI_FA3_CTAS as the launcher's max_ctas argument: 0 = default, -1 = one per tile, N = cap."""
+    raw = fa3_ctas_raw()
+    if raw is None:
+        return 0
+    if raw.strip().lower() == "all":
+        return -1
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"FI_FA3_CTAS must be 'all' or a positive integer, got {raw!r}") from None
+    if n <= 0:
+        raise ValueError(f"FI_FA3_CTAS must be 'all' or a positive integer, got {raw!r}")
+    return n
+
+
 verbose_build = _declare(Knob(
     "FI_VERBOSE_BUILD", "bool", "0", "Print nvcc/ninja output of kernel builds as they run."))
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from fi_core import knobs
 from fi_core import arch_of, current_stream, load
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
@@ -182,7 +183,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
+        -1 if window_left is None or window_left < 0 else int(window_left), knobs.fa3_ctas(),
+        current_stream(q.device))
 
 
 def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
@@ -260,7 +262,8 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
         0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
         q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
         batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), current_stream(q.device))
+        -1 if window_left is None or window_left < 0 else int(window_left), knobs.fa3_ctas(),
+        current_stream(q.device))
 
 
 def _kv_heads(cache: torch.Tensor, strides, page_size: int) -> int:
@@ -279,7 +282,8 @@ def run(call) -> None:
     """Adapter for ``fi_attention.prefill.launch.PrefillCall`` (ragged or single prefill).
 
     ``max_qo_len`` is taken from ``call.max_qo_len`` or the plan when the caller provides it;
-    otherwise ``nnz_q`` bounds it (correct, but launches idle CTAs for large batches).
+    otherwise ``nnz_q`` bounds it (correct; the persistent CTAs then walk and skip many empty
+    m-blocks, a small cost per request).
     """
     if getattr(call, "packed_mask", None) is not None:
         raise UnsupportedError("the fa3 kernel does not support custom masks yet")

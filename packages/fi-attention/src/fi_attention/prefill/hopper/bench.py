@@ -3,7 +3,9 @@
 Registered as routines ``single_prefill_fa3`` and ``batch_prefill_paged_fa3``
 (``fi_attention/bench.py`` must import this module);
 also runnable alone: ``python3 -m fi_attention.prefill.hopper.bench [--quick]``.
-Configs follow shared/TARGETS.md: causal single prefill, GQA 32/8, head_dim 128, bf16.
+Configs follow shared/TARGETS.md: causal single prefill, GQA 32/8, head_dim 128, bf16. Rows
+marked "[1 CTA per tile]" time the same kernel with FI_FA3_CTAS=all (non-persistent launch)
+against the default persistent launch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fi_core import testing
+from fi_core import knobs, testing
 from fi_core.bench import BenchRow, RoutineArgs, format_table, rotating_inputs, routine, time_fn
 
 from . import run_paged, run_ragged
@@ -30,8 +32,11 @@ def attention_flops(lq: int, lkv: int, hq: int, d: int, causal: bool) -> float:
 
 
 def _sdpa_bhld(q, k, v, causal):
-    """torch SDPA on [B, H, L, D] views restricted to the cuDNN / flash backends. A 3-D [H, L, D]
-    call falls back to the math backend (measured 13 ms instead of 0.27 ms at L = 4096)."""
+    """SDPA on 4-D [B, H, L, D] views, restricted to the cuDNN / flash backends.
+
+    Unrestricted, 3-D [H, L, D] inputs with enable_gqa fell back to the math backend (13 ms at
+    L=4096 instead of ~0.27 ms); this is the same call as the ``single_prefill`` routine's.
+    """
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
@@ -42,6 +47,20 @@ def _sdpa(q, k, v, causal):
     # [L, H, D] -> [1, H, L, D] views (no copies), result back as [L, H, D].
     o = _sdpa_bhld(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal)
     return o[0].transpose(0, 1)
+
+
+def _fa3_ctas(value):
+    """The FI_FA3_CTAS knob (read by the runner at each launch) set inside a with-block."""
+    return knobs.override(FI_FA3_CTAS=None if value is None else str(value))
+
+
+def _one_cta_per_tile_row(name, config, fn, sets, reps, flops, t_persistent):
+    """A/B row: the same kernel launched with one CTA per work tile (FI_FA3_CTAS=all), with the
+    default persistent launch as its baseline, to show what the persistent scheduler buys."""
+    with _fa3_ctas("all"):
+        t = time_fn(fn, sets, reps=reps, min_calls_per_replay=4)
+    return BenchRow(name, config + " [1 CTA per tile]", t, flops=flops,
+                    baseline=("fa3 persistent (default)", t_persistent), backend="fa3")
 
 
 @routine("single_prefill_fa3", family="fi-attention",
@@ -78,9 +97,12 @@ def single_prefill_fa3(args: RoutineArgs):
                          reps=reps, min_calls_per_replay=4)
         flops = attention_flops(L, L, HQ, D, causal)
         target_us = flops / (target_tflops * 1e12) * 1e6 if target_tflops else None
-        yield BenchRow("single_prefill_fa3", f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16",
+        config = f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16"
+        yield BenchRow("single_prefill_fa3", config,
                        t_ours, flops=flops, baseline=("torch SDPA", t_base), target_us=target_us,
                        backend="fa3", extra={"rel_err_vs_sdpa": err})
+        if L == 4096 and causal and not args.quick:
+            yield _one_cta_per_tile_row("single_prefill_fa3", config, ours, sets, reps, flops, t_ours)
 
 
 @routine("batch_prefill_paged_fa3", family="fi-attention",
@@ -136,10 +158,13 @@ def batch_prefill_paged_fa3(args: RoutineArgs):
     t_ours = time_fn(ours, sets, reps=20, min_calls_per_replay=4)
     t_base = time_fn(base, base_sets, reps=20, min_calls_per_replay=4)
     flops = batch * attention_flops(L, L, HQ, D, True)
-    yield BenchRow("batch_prefill_paged_fa3", f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16",
+    config = f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16"
+    yield BenchRow("batch_prefill_paged_fa3", config,
                    t_ours, flops=flops, baseline=("torch SDPA (contiguous KV)", t_base),
                    target_us=flops / 560e12 * 1e6 if batch == 16 else None, backend="fa3",
                    extra={"rel_err_vs_sdpa": err})
+    if not args.quick:
+        yield _one_cta_per_tile_row("batch_prefill_paged_fa3", config, ours, sets, 20, flops, t_ours)
 
 
 def main(argv=None) -> None:

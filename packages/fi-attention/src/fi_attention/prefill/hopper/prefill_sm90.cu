@@ -1,15 +1,16 @@
 // FlashAttention-3-style prefill attention for Hopper (sm_90a), ragged Q/K/V in NHD layout.
 //
 // One CTA = one 128-row query tile of one head of one request; 3 warpgroups:
-//   WG0      producer: one thread issues TMA loads (Q once, then K/V tiles into a 2-stage ring,
-//            walking the KV tiles from the last to the first so the masked tiles come first).
+//   WG0      producer: one thread issues TMA loads (Q once, then K/V tiles into a 3-stage ring
+//            (2 at d=256), walking the KV tiles from the last to the first so the masked tiles
+//            come first). K and V stages have their own "empty" barriers (see SharedStorage).
 //   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma SS (both from smem), P = softmax
 //            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
 //            transposed from smem through an MN-major descriptor).
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
 // of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2).
-// setmaxnreg moves registers from the producer (which needs ~30) to the consumers (which hold a
-// 64x128 fp32 O tile, a 64x128 fp32 S tile and a 16-bit P tile per warpgroup).
+// setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
+// tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
 // (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:
@@ -18,6 +19,8 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -58,27 +61,44 @@ constexpr bool kPaged = FI_PAGED != 0;
 constexpr bool kSoftcap = FI_SOFTCAP != 0;
 constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
 constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
-constexpr int kStages = 2;
+// K/V ring depth. d <= 128: 3 stages (Q 32 KB + 3 x (K, V) 32 KB = 224 KB of the 227 KB) so a
+// TMA load (~1 us from L2/HBM, about one KV iteration of both warpgroups) is issued >= 2
+// iterations before its tile is consumed; d = 256 only fits 2.
+constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 constexpr int kBoxCols = 64;                           // 64 x 16-bit = one 128-byte swizzle row
 constexpr int kBoxes = kHeadDim / kBoxCols;
 static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
-// ptxas allocates the consumer branch with kConsumerRegs (d=256 holds a 64x256 fp32 O per
-// warpgroup: 232 spilled there, 240 does not); the producer's address math fits in 24.
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;                     // 24*128 + 240*256 <= 64K registers
-// setmaxnreg moves registers inside the CTA's own pool (PTX ISA: setmaxnreg.inc blocks until the
-// CTA pool has them), which holds only the launch allocation: __launch_bounds__(kThreads, 1) gives
-// 65536 / kThreads rounded down to 8 = 168 per thread. A budget above it (32/240 = 512 x 128 > 504 x 128)
-// leaves one consumer warpgroup in setmaxnreg.inc forever: the kernel hangs.
-static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= (65536 / kThreads) / 8 * 8 * kThreads,
+// Register budget per warpgroup after setmaxnreg. setmaxnreg moves registers inside the CTA's own
+// pool (PTX ISA: setmaxnreg.inc blocks until the CTA pool has them), which holds only the launch
+// allocation: __launch_bounds__(kThreads, 1) gives 65536 / kThreads rounded down to 8 = 168 per
+// thread (ptxas reports 168 for every variant), 168 x 384 = 504 x 128 in all. A budget above it
+// (32/240 = 512 x 128) leaves a consumer warpgroup in setmaxnreg.inc forever: the round-2 kernel
+// hung on the H200 that way. Budgets with 0 spills on sm_90a (nvcc 13.0):
+//   d <= 128: 32/232. The persistent producer's tile loop (tile decode, page lookups, pipeline
+//             counters) spills at 24 for d=64 (and 4 bytes at d=128 causal); the consumers' peak
+//             (64x128 S and O) fits in 232.
+//   d = 256:  24/240. The consumers hold a 64x256 fp32 O (128 registers) and spill below 240; the
+//             one-tile-per-CTA producer fits in 24. 24*128 + 240*256 = 64512 exactly: the consumers
+//             keep the per-tile scalars in shared memory (SharedStorage::tile_scalars) to fit.
+constexpr int kProducerRegs = kHeadDim <= 128 ? 32 : 24;
+constexpr int kConsumerRegs = kHeadDim <= 128 ? 232 : 240;
+constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // per thread, from __launch_bounds__
+constexpr int kPoolRegs = kLaunchRegs * kThreads;          // the CTA's pool
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= kPoolRegs,
               "setmaxnreg budget exceeds the CTA's register allocation (setmaxnreg.inc would block forever)");
+static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256 &&
+                  kProducerRegs <= kLaunchRegs && kConsumerRegs >= kLaunchRegs,
+              "setmaxnreg takes multiples of 8 in [24, 256]; dec must lower and inc raise the launch count");
 // Ping-pong (FA3 "warp scheduler barrier"): the two consumer warpgroups take turns issuing their
 // GEMMs, so one warpgroup's softmax overlaps the other's GEMMs instead of both competing for the
 // tensor cores at once. Barrier ids kSchedBarrier + wg - 1 for wg = 1, 2.
 constexpr bool kPingPong = kHeadDim <= 128;
 constexpr int kSchedBarrier = 1;
+// Persistent CTAs (see tile_of) for d <= 128. d = 256 keeps one tile per CTA: its consumers hold a
+// 64x256 fp32 O at the 240-register limit, and the tile loop's extra live state spills there.
+constexpr bool kPersistent = kHeadDim <= 128;
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
@@ -107,11 +127,21 @@ struct alignas(1024) SharedStorage {
   Element q[kBlockM * kHeadDim];                 // every box starts on a 1024-byte swizzle period
   Element k[kStages * kBlockN * kHeadDim];
   Element v[kStages * kBlockN * kHeadDim];
-  uint64_t bar_q;
+  uint64_t bar_q;    // Q of the current tile landed
+  uint64_t empty_q;  // consumers finished the current tile's last Q K^T: the next Q may load
   uint64_t full_k[kStages];
   uint64_t full_v[kStages];
-  uint64_t empty[kStages];
+  // K and V stages are released separately: K(n) is free as soon as S(n) = Q K(n)^T completes
+  // (mid-iteration), V(n) only after O += P(n) V(n); one shared barrier would hold K a whole
+  // extra half iteration and serialise the next K load behind the P V GEMM.
+  uint64_t empty_k[kStages];
+  uint64_t empty_v[kStages];
+  // Per-tile scalars of the consumers (row_diag, kv_len), one slot per consumer warp, written by
+  // its lane 0 between two __syncwarp at the top of a tile and re-read (lds) at each use: held in
+  // registers through the KV loop they made the d=256 consumers spill at 240.
+  int tile_scalars[kConsumerThreads / 32][2];
 };
+static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to align the base
 
 struct Params {
@@ -123,7 +153,7 @@ struct Params {
   const int* qo_indptr;
   const int* kv_indptr;
   int64_t o_tok, o_head;
-  int num_qo_heads, group_size, num_m_blocks;
+  int num_qo_heads, group_size, num_m_blocks, batch;
   int single_qo_len, single_kv_len;  // used when qo_indptr is NULL
   int window_left;                    // -1: no sliding window
   // Paged K/V: kv_indptr indexes kv_indices (pages); a request's keys are its pages in order,
@@ -180,6 +210,14 @@ FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Shared-memory access the compiler keeps in program order and never hoists or caches in a
+// register across uses (volatile asm): see SharedStorage::tile_scalars.
+FI_DEVICE int lds(const int* ptr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(smem_u32(ptr)));
+  return v;
+}
+FI_DEVICE void sts(int* ptr, int v) { asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_u32(ptr)), "r"(v)); }
 // Named barriers (id 0 is __syncthreads): ping-pong between the two consumer warpgroups.
 FI_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 FI_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
@@ -227,61 +265,72 @@ FI_DEVICE uint32_t pack2(float a, float b) {
 // C layout: v = col_pair + 2 * row_half + 4 * col_block_of_8).
 FI_DEVICE constexpr int row_of(int v) { return (v >> 1) & 1; }
 
+// One work tile: a 128-row query block of one head of one request, and its KV tile range.
+struct Tile {
+  int m_block, head, b, qo_start, qo_len, kv_start, kv_len, diag, n_start, n_end;
+  bool valid;  // false: the m-block is past this request's queries (nothing to do)
+};
+
+// Tile t in longest-first order: m-block slowest (descending), then request, then head (fastest,
+// so the query heads of one KV head (GQA) run together and share K/V tiles in L2). Under causal
+// masking the last query blocks see the most keys; handing them out first keeps the tail short.
+FI_DEVICE Tile tile_info(const Params& p, int t) {
+  Tile w;
+  const int per_m = p.batch * p.num_qo_heads;
+  w.m_block = p.num_m_blocks - 1 - t / per_m;
+  w.b = (t % per_m) / p.num_qo_heads;
+  w.head = t % p.num_qo_heads;
+  // Single prefill passes no indptrs: one request of single_qo_len x single_kv_len.
+  const bool single = p.qo_indptr == nullptr;
+  w.qo_start = single ? 0 : p.qo_indptr[w.b];
+  w.qo_len = single ? p.single_qo_len : p.qo_indptr[w.b + 1] - w.qo_start;
+#if FI_PAGED
+  w.kv_start = p.kv_indptr[w.b];  // first page of the request in kv_indices
+  const int num_pages = p.kv_indptr[w.b + 1] - w.kv_start;
+  w.kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + p.last_page_len[w.b] : 0;
+#else
+  w.kv_start = single ? 0 : p.kv_indptr[w.b];
+  w.kv_len = single ? p.single_kv_len : p.kv_indptr[w.b + 1] - w.kv_start;
+#endif
+  w.valid = w.m_block * kBlockM < w.qo_len;
+  // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
+  w.diag = w.kv_len - w.qo_len;
+  w.n_end = fi::ceil_div(w.kv_len, kBlockN);
+  if (kCausal) {
+    const int keys = min(w.kv_len, min((w.m_block + 1) * kBlockM, w.qo_len) + w.diag);
+    w.n_end = keys <= 0 ? 0 : min(w.n_end, fi::ceil_div(keys, kBlockN));
+  }
+  // Sliding window: row i also needs j >= i + diag - window_left; the tile's first row bounds it.
+  w.n_start = 0;
+  if (p.window_left >= 0) w.n_start = max(0, w.m_block * kBlockM + w.diag - p.window_left) / kBlockN;
+  return w;
+}
+
+// Persistent CTAs: CTA c takes tiles c, then 2G-1-c, then 2G+c, ... (G = gridDim.x): a snake over
+// the longest-first order, so a CTA that got a longer tile in one round gets a shorter one in the
+// next. Producer and consumers walk the same sequence and skip the same tiles, so their running
+// pipeline counters (stage, phase) stay in lockstep across tiles; the next tile's Q and first K
+// load while the consumers finish the current tile (no per-CTA launch/prologue bubble).
+// With gridDim.x == number of tiles every CTA does exactly one tile (the non-persistent launch).
+FI_DEVICE int tile_of(int round, int cta, int grid) {
+  return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_constant__ Params p) {
   extern __shared__ char smem_raw[];
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-
-  // Longest tiles first: under causal masking the last query tiles see the most keys, and the
-  // scheduler launches x fastest, z slowest. Heads fastest also keeps the query heads of one KV
-  // head (GQA) running together, so their K/V tiles hit in L2.
-  const int m_block = p.num_m_blocks - 1 - int(blockIdx.z);
-  const int head = blockIdx.x;
-  const int b = blockIdx.y;
-  // Single prefill passes no indptrs: one request of single_qo_len x single_kv_len.
-  const bool single = p.qo_indptr == nullptr;
-  const int qo_start = single ? 0 : p.qo_indptr[b];
-  const int qo_len = single ? p.single_qo_len : p.qo_indptr[b + 1] - qo_start;
-#if FI_PAGED
-  const int kv_start = p.kv_indptr[b];  // first page of the request in kv_indices
-  const int num_pages = p.kv_indptr[b + 1] - kv_start;
-  const int kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + p.last_page_len[b] : 0;
-#else
-  const int kv_start = single ? 0 : p.kv_indptr[b];
-  const int kv_len = single ? p.single_kv_len : p.kv_indptr[b + 1] - kv_start;
-#endif
-  if (m_block * kBlockM >= qo_len) return;  // whole CTA, before any barrier exists
-  const int kv_head = head / p.group_size;
-  // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
-  const int diag = kv_len - qo_len;
-
-  int n_end = fi::ceil_div(kv_len, kBlockN);
-  if (kCausal) {
-    const int keys = min(kv_len, min((m_block + 1) * kBlockM, qo_len) + diag);
-    n_end = keys <= 0 ? 0 : min(n_end, fi::ceil_div(keys, kBlockN));
-  }
-  // Sliding window: row i also needs j >= i + diag - window_left; the tile's first row bounds it.
-  const int window = p.window_left;
-  int n_start = 0;
-  if (window >= 0) n_start = max(0, m_block * kBlockM + diag - window) / kBlockN;
-  if (n_end <= n_start) {  // no row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention)
-    const int rows = min(kBlockM, qo_len - m_block * kBlockM);
-    for (int idx = threadIdx.x; idx < rows * kHeadDim; idx += kThreads) {
-      const int r = idx / kHeadDim, c = idx % kHeadDim;
-      p.o[int64_t(qo_start + m_block * kBlockM + r) * p.o_tok + int64_t(head) * p.o_head + c] = Element(0.f);
-    }
-    if (p.lse != nullptr)
-      for (int r = threadIdx.x; r < rows; r += kThreads)
-        p.lse[int64_t(qo_start + m_block * kBlockM + r) * p.num_qo_heads + head] = fi::kNegInf;
-    return;
-  }
+  const int num_tiles = p.num_m_blocks * p.batch * p.num_qo_heads;
+  const int cta = blockIdx.x, grid = gridDim.x;
 
   if (threadIdx.x == 0) {
     mbar_init(&ss.bar_q, 1);
+    mbar_init(&ss.empty_q, kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&ss.full_k[s], 1);
       mbar_init(&ss.full_v[s], 1);
-      mbar_init(&ss.empty[s], kConsumerThreads);
+      mbar_init(&ss.empty_k[s], kConsumerThreads);
+      mbar_init(&ss.empty_v[s], kConsumerThreads);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -291,73 +340,84 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   if (wg == 0) {
     // ------------------------------------------------------------------ producer
     reg_dealloc<kProducerRegs>();
-#if FI_PAGED
-    // Paged: warp 0 loads; lane j fetches box j of a KV tile (one page, or a slice of a page
-    // larger than the tile), so the page-index loads of one tile are issued in parallel.
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-      constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
-      const int box_rows = min(p.page_size, kBlockN);
-      const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
-      if (lane == 0) {
-        mbar_expect_tx(&ss.bar_q, kQBytes);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
-                        qo_start + m_block * kBlockM, p.q_heads_outer);
-      }
-      for (int it = 0; it < n_end - n_start; ++it) {
-        const int n = n_end - 1 - it;
-        const int s = it % kStages;
-        // Keys past the request's end (last tile) read its last page; they are masked anyway.
-        const int key0 = n * kBlockN + lane * box_rows;
-        const int page_local = min(key0 / p.page_size, num_pages - 1);
-        const int in_page = key0 - (key0 / p.page_size) * p.page_size;
-        const int page = lane < boxes ? p.kv_indices[kv_start + page_local] : 0;
+    constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+    constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+    // Ragged: thread 0 issues everything. Paged: warp 0; lane j fetches box j of a KV tile (one
+    // page, or a slice of a page larger than the tile), so the page-index loads of one tile are
+    // issued in parallel; lane 0 does the barrier work.
+    const int lane = threadIdx.x;
+    if (lane < (kPaged ? 32 : 1)) {
+      int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
+      int q_it = 0;   // query tiles loaded so far
+      for (int round = 0;; ++round) {
+        const int t = tile_of(round, cta, grid);
+        if (t >= num_tiles || (!kPersistent && round > 0)) break;
+        const Tile w = tile_info(p, t);
+        if (!w.valid || w.n_end <= w.n_start) continue;  // the consumers skip the same tiles
+        const int kv_head = w.head / p.group_size;
         if (lane == 0) {
-          mbar_wait(&ss.empty[s], ((it / kStages) & 1) ^ 1);
-          mbar_expect_tx(&ss.full_k[s], kKVBytes);
-          mbar_expect_tx(&ss.full_v[s], kKVBytes);
+          // The single Q buffer is free once both consumer warpgroups finished the previous
+          // tile's last Q K^T; this overlaps the Q load with their last P V and epilogue.
+          mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
+          mbar_expect_tx(&ss.bar_q, kQBytes);
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, w.head,
+                          w.qo_start + w.m_block * kBlockM, p.q_heads_outer);
         }
-        __syncwarp();
-        if (lane < boxes) {
+        ++q_it;
+        for (int n = w.n_end - 1; n >= w.n_start; --n, ++kv_it) {
+          const int s = kv_it % kStages;
+          const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
+#if FI_PAGED
+          const int box_rows = min(p.page_size, kBlockN);
+          const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
+          const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
+          // Keys past the request's end (last tile) read its last page; they are masked anyway.
+          const int key0 = n * kBlockN + lane * box_rows;
+          const int page_local = min(key0 / p.page_size, num_pages - 1);
+          const int in_page = key0 - (key0 / p.page_size) * p.page_size;
+          const int page = lane < boxes ? p.kv_indices[w.kv_start + page_local] : 0;
           const int c1 = p.heads_outer ? in_page : kv_head;
           const int c2 = p.heads_outer ? kv_head : in_page;
-          Element* k_dst = &ss.k[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
-          Element* v_dst = &ss.v[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
-          for (int bx = 0; bx < kBoxes; ++bx)
-            tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, page);
-          for (int bx = 0; bx < kBoxes; ++bx)
-            tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, page);
-        }
-        __syncwarp();
-      }
-    }
+          // K first (its stage frees earlier), then V; expect_tx precedes every box of its barrier.
+          if (lane == 0) {
+            mbar_wait(&ss.empty_k[s], empty_phase);
+            mbar_expect_tx(&ss.full_k[s], kKVBytes);
+          }
+          __syncwarp();
+          if (lane < boxes) {
+            Element* k_dst = &ss.k[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+            for (int bx = 0; bx < kBoxes; ++bx)
+              tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, page);
+          }
+          if (lane == 0) {
+            mbar_wait(&ss.empty_v[s], empty_phase);
+            mbar_expect_tx(&ss.full_v[s], kKVBytes);
+          }
+          __syncwarp();
+          if (lane < boxes) {
+            Element* v_dst = &ss.v[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+            for (int bx = 0; bx < kBoxes; ++bx)
+              tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, page);
+          }
+          __syncwarp();
 #else
-    if (threadIdx.x == 0) {
-      constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-      constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
-      mbar_expect_tx(&ss.bar_q, kQBytes);
-      for (int bx = 0; bx < kBoxes; ++bx)
-        tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, head,
-                      qo_start + m_block * kBlockM, p.q_heads_outer);
-      for (int it = 0; it < n_end - n_start; ++it) {
-        const int n = n_end - 1 - it;
-        const int s = it % kStages;
-        mbar_wait(&ss.empty[s], ((it / kStages) & 1) ^ 1);
-        Element* k_dst = &ss.k[s * kBlockN * kHeadDim];
-        Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
-        mbar_expect_tx(&ss.full_k[s], kKVBytes);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_rows(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
-                        kv_start + n * kBlockN, p.kv_heads_outer);
-        mbar_expect_tx(&ss.full_v[s], kKVBytes);
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_rows(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
-                        kv_start + n * kBlockN, p.kv_heads_outer);
+          Element* k_dst = &ss.k[s * kBlockN * kHeadDim];
+          Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
+          mbar_wait(&ss.empty_k[s], empty_phase);
+          mbar_expect_tx(&ss.full_k[s], kKVBytes);
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_rows(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
+                          w.kv_start + n * kBlockN, p.kv_heads_outer);
+          mbar_wait(&ss.empty_v[s], empty_phase);
+          mbar_expect_tx(&ss.full_v[s], kKVBytes);
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_rows(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
+                          w.kv_start + n * kBlockN, p.kv_heads_outer);
+#endif
+        }
       }
     }
-#endif
     return;
   }
 
@@ -389,6 +449,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   row_in_tile[0] = get<0>(tScS(0));
   row_in_tile[1] = get<0>(tScS(2));
 
+  // Per-tile state read by the lambdas below, stored at the top of each work tile in this warp's
+  // shared-memory slot (the consumers sit at the 240-register limit at d=256): row_diag =
+  // m_block * kBlockM + diag, so tile row r sees keys j <= r + row_diag, and kv_len. The epilogue
+  // re-derives the rest from the tile id.
+  int* scalars = ss.tile_scalars[tid / 32];
+  auto row_diag_of = [&]() { return lds(&scalars[0]); };
+  auto kv_len_of = [&]() { return lds(&scalars[1]); };
+  const int window = p.window_left;
   const float sl2 = p.scale_log2;
   // Soft cap: S <- tanh(S * sm_scale / cap); the cap itself is folded into sl2.
   auto apply_softcap = [&]() {
@@ -401,21 +469,30 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 
   // Masks columns of KV tile n that are past the request's keys or (causal) above the diagonal.
   auto mask_tile = [&](int n) {
+    const int row_diag = row_diag_of(), kv_len = kv_len_of();
+    // Column bounds per row of this thread, relative to its first column of the tile: the
+    // per-value offsets below are compile-time constants, so each value costs two compares and
+    // no branch (a per-value `if (window >= 0)` kept extra registers live at the loop's peak).
+    const int base = n * kBlockN + get<1>(tScS(0));
+    int hi[2], lo[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int lim = row_in_tile[i] + row_diag;  // = row + diag: the row's last causal key
+      hi[i] = (kCausal ? min(kv_len - 1, lim) : kv_len - 1) - base;
+      lo[i] = window >= 0 ? lim - window - base : INT_MIN;
+    }
     CUTE_UNROLL
     for (int v = 0; v < size(tSrS); ++v) {
-      const int col = n * kBlockN + get<1>(tScS(v));
-      const int row = m_block * kBlockM + get<0>(tScS(v));
-      bool keep = col < kv_len;
-      if (kCausal) keep = keep && col <= row + diag;
-      if (window >= 0) keep = keep && col >= row + diag - window;
-      if (!keep) tSrS(v) = fi::kNegInf;
+      const int c = get<1>(tScS(v)) - get<1>(tScS(0));
+      if (c > hi[row_of(v)] || c < lo[row_of(v)]) tSrS(v) = fi::kNegInf;
     }
   };
   // Only tiles that cross the sequence end or (causal) the diagonal of this query tile need masks.
   auto needs_mask = [&](int n) {
     const int last_col = (n + 1) * kBlockN - 1;
-    return last_col >= kv_len || (kCausal && last_col > m_block * kBlockM + diag) ||
-           (window >= 0 && n * kBlockN < m_block * kBlockM + kBlockM - 1 + diag - window);
+    const int row_diag = row_diag_of(), kv_len = kv_len_of();
+    return last_col >= kv_len || (kCausal && last_col > row_diag) ||
+           (window >= 0 && n * kBlockN < row_diag + kBlockM - 1 - window);
   };
   // Online softmax on tSrS in place: new running max, P = 2^(S*scale - max*scale), rescale factor
   // for the previous O and row sums. Row sums stay per-thread partial until the end.
@@ -453,87 +530,135 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     for (int v = 0; v < size(tSrS) / 2; ++v) p32[v] = pack2(tSrS(2 * v), tSrS(2 * v + 1));
   };
 
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
-
-  mbar_wait(&ss.bar_q, 0);
-  int n = n_end - 1;
-  int it = 0;
-  {
-    mbar_wait(&ss.full_k[0], 0);
-    sched_sync();
-    gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, 0), tSrS);
-    sched_arrive();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    if (kSoftcap) apply_softcap();
-    mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
-    float rescale[2];
-    softmax(rescale);
-    convert_p();
-  }
-  for (; n > n_start; --n, ++it) {
-    const int s = it % kStages;
-    const int s_next = (it + 1) % kStages;
-    // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
-    mbar_wait(&ss.full_k[s_next], ((it + 1) / kStages) & 1);
-    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
-    sched_sync();
-    gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
-    // ... O += P(n) V(n) is queued behind it.
-    gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
-    sched_arrive();
-    warpgroup_wait<1>();  // S(n-1) ready; P V still running
-    warpgroup_fence_operand(tSrS);
-    if (kSoftcap) apply_softcap();
-    if (needs_mask(n - 1)) mask_tile(n - 1);
-    float rescale[2];
-    softmax(rescale);
-    warpgroup_wait<0>();  // P V done: stage s is free, P registers and O may be rewritten
-    warpgroup_fence_operand(tOrO);
-    mbar_arrive(&ss.empty[s]);
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[row_of(v)];
-    convert_p();
-  }
-  {
-    const int s = it % kStages;
-    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
-    gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    mbar_arrive(&ss.empty[s]);
-  }
-  if (kPingPong && wg_c == 0) named_sync(kSchedBarrier + 0, kConsumerThreads);
-
-  // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE
-  float inv[2];
-  CUTE_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] = quad_sum(row_sum[i]);
-    inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
-  }
-  const int q_base = m_block * kBlockM;
-  Element* o_head = p.o + int64_t(head) * p.o_head;
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); v += 2) {
-    const int r = get<0>(tOcO(v));
-    const int c = get<1>(tOcO(v));
-    if (q_base + r < qo_len) {
-      const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
-      *reinterpret_cast<uint32_t*>(o_head + int64_t(qo_start + q_base + r) * p.o_tok + c) = packed;
+  int kv_it = 0;  // KV tiles consumed by this CTA so far: stage and phase, in step with the producer
+  int q_it = 0;   // query tiles consumed so far
+  for (int round = 0;; ++round) {
+    const int t = tile_of(round, cta, grid);
+    if (t >= num_tiles || (!kPersistent && round > 0)) break;
+    int n_start, n;
+    {
+      const Tile w = tile_info(p, t);
+      if (!w.valid) continue;
+      if (w.n_end <= w.n_start) {
+        // No row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention). The
+        // producer skipped the tile too, so no barrier is involved.
+        const int rows = min(kBlockM, w.qo_len - w.m_block * kBlockM);
+        for (int idx = tid; idx < rows * kHeadDim; idx += kConsumerThreads) {
+          const int r = idx / kHeadDim, c = idx % kHeadDim;
+          p.o[int64_t(w.qo_start + w.m_block * kBlockM + r) * p.o_tok + int64_t(w.head) * p.o_head + c] =
+              Element(0.f);
+        }
+        if (p.lse != nullptr)
+          for (int r = tid; r < rows; r += kConsumerThreads)
+            p.lse[int64_t(w.qo_start + w.m_block * kBlockM + r) * p.num_qo_heads + w.head] = fi::kNegInf;
+        continue;
+      }
+      __syncwarp();  // every lane of the warp is done with the previous tile's scalars
+      if (tid % 32 == 0) {
+        sts(&scalars[0], w.m_block * kBlockM + w.diag);
+        sts(&scalars[1], w.kv_len);
+      }
+      __syncwarp();
+      n_start = w.n_start;
+      n = w.n_end - 1;
     }
-  }
-  if (p.lse != nullptr && (tid % 4) == 0) {
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
-      const int r = q_base + row_in_tile[i];
-      if (r < qo_len) {
-        const float l = row_sum[i] > 0.f ? row_max[i] * sl2 + fi::log2_approx(row_sum[i]) : fi::kNegInf;
-        p.lse[int64_t(qo_start + r) * p.num_qo_heads + head] = l;
+      row_max[i] = fi::kNegInf;
+      row_sum[i] = 0.f;
+    }
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+
+    mbar_wait(&ss.bar_q, q_it & 1);
+    ++q_it;
+    {
+      const int s = kv_it % kStages;
+      mbar_wait(&ss.full_k[s], (kv_it / kStages) & 1);
+      sched_sync();
+      gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s), tSrS);
+      sched_arrive();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      mbar_arrive(&ss.empty_k[s]);
+      if (n == n_start) mbar_arrive(&ss.empty_q);  // that was this tile's last Q K^T
+      if (kSoftcap) apply_softcap();
+      mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
+      float rescale[2];
+      softmax(rescale);
+      convert_p();
+    }
+    for (; n > n_start; --n, ++kv_it) {
+      const int s = kv_it % kStages;
+      const int s_next = (kv_it + 1) % kStages;
+      // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
+      mbar_wait(&ss.full_k[s_next], ((kv_it + 1) / kStages) & 1);
+      mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
+      sched_sync();
+      gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+      // ... O += P(n) V(n) is queued behind it.
+      gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+      sched_arrive();
+      warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
+      warpgroup_fence_operand(tSrS);
+      mbar_arrive(&ss.empty_k[s_next]);
+      if (n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
+      if (kSoftcap) apply_softcap();
+      if (needs_mask(n - 1)) mask_tile(n - 1);
+      float rescale[2];
+      softmax(rescale);
+      warpgroup_wait<0>();  // P V done: V stage s is free, P registers and O may be rewritten
+      warpgroup_fence_operand(tOrO);
+      mbar_arrive(&ss.empty_v[s]);
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[row_of(v)];
+      convert_p();
+    }
+    {
+      const int s = kv_it % kStages;
+      mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
+      gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      mbar_arrive(&ss.empty_v[s]);
+      ++kv_it;
+    }
+
+    // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE. Straight
+    // from registers (no smem), so the producer's loads for the next tile proceed meanwhile.
+    // The tile's coordinates are re-read (L1 hits) rather than kept live through the KV loop.
+    const Tile w = tile_info(p, t);
+    float inv[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      row_sum[i] = quad_sum(row_sum[i]);
+      inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+    }
+    const int q_base = w.m_block * kBlockM;
+    Element* o_head = p.o + int64_t(w.head) * p.o_head;
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); v += 2) {
+      const int r = get<0>(tOcO(v));
+      const int c = get<1>(tOcO(v));
+      if (q_base + r < w.qo_len) {
+        const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
+        *reinterpret_cast<uint32_t*>(o_head + int64_t(w.qo_start + q_base + r) * p.o_tok + c) = packed;
+      }
+    }
+    if (p.lse != nullptr && (tid % 4) == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int r = q_base + row_in_tile[i];
+        if (r < w.qo_len) {
+          const float l = row_sum[i] > 0.f ? row_max[i] * sl2 + fi::log2_approx(row_sum[i]) : fi::kNegInf;
+          p.lse[int64_t(w.qo_start + r) * p.num_qo_heads + w.head] = l;
+        }
       }
     }
   }
+  // The turn passing continues across tiles (both warpgroups walk the same tiles with the same
+  // number of GEMM brackets); WG1 takes WG2's last pending arrive before exiting.
+  if (kPingPong && wg_c == 0) named_sync(kSchedBarrier + 0, kConsumerThreads);
 }
 
 // ---- host side --------------------------------------------------------------------------------
@@ -599,11 +724,20 @@ inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Fills the fields shared by both entries and launches: grid (head, request, m-block).
+// Persistent grid size: one CTA per SM (1 CTA/SM fits: 384 threads x 168 registers, ~225 KB of
+// smem). `max_ctas` (the FI_FA3_CTAS knob, passed by the runner) overrides it for tests and A/B
+// timing: -1 = one CTA per work tile (the non-persistent launch), N > 0 = at most N CTAs (tests
+// force several tiles per CTA with small N), 0 = the default.
+inline int64_t persistent_ctas(int sms, int64_t max_ctas) {
+  if (max_ctas < 0) return int64_t(1) << 40;
+  return max_ctas > 0 ? max_ctas : sms;
+}
+
+// Fills the fields shared by both entries and launches a 1-D grid of persistent CTAs.
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
                   int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                  cudaStream_t stream) {
+                  int64_t max_ctas, cudaStream_t stream) {
   p.o = static_cast<Element*>(o);
   p.lse = static_cast<float*>(lse);
   p.qo_indptr = static_cast<const int*>(qo_indptr);
@@ -616,8 +750,12 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   if (kSoftcap != (softcap > 0.f)) return cudaErrorInvalidValue;  // wrong module for the call
   p.scale_log2 = kSoftcap ? softcap * fi::kLog2e : sm_scale * fi::kLog2e;
   p.softcap_pre = kSoftcap ? sm_scale / softcap : 0.f;
-  p.window_left = window_left < 0 ? -1 : int(window_left);
-  if (num_qo_heads > 65535 || batch > 65535 || p.num_m_blocks > 65535) return cudaErrorInvalidValue;
+  // A window of 2^30 keys covers any sequence of up to 2^30 keys; clamping keeps the kernel's int
+  // column bounds (row + diag - window - column in mask_tile) from overflowing.
+  p.window_left = window_left < 0 ? -1 : int(std::min<int64_t>(window_left, int64_t(1) << 30));
+  p.batch = int(batch);
+  const int64_t num_tiles = int64_t(p.num_m_blocks) * batch * num_qo_heads;
+  if (num_qo_heads > 65535 || batch > 65535 || num_tiles >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
   // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
   static bool smem_set[64] = {false};
   int dev = 0;
@@ -626,8 +764,11 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
     FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     if (dev >= 0 && dev < 64) smem_set[dev] = true;
   }
-  dim3 grid(unsigned(num_qo_heads), unsigned(batch), unsigned(p.num_m_blocks));
-  prefill_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  int sms = 0;
+  FI_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t ctas =
+      kPersistent ? std::min<int64_t>(num_tiles, std::max<int64_t>(1, persistent_ctas(sms, max_ctas))) : num_tiles;
+  prefill_sm90_kernel<<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p);
   return FI_LAUNCH_STATUS();
 }
 
@@ -643,7 +784,8 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     float softcap, int64_t window_left, cudaStream_t stream) {
+                                     float softcap, int64_t window_left, int64_t max_ctas,
+                                     cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
@@ -660,7 +802,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, stream);
+                sm_scale, softcap, window_left, max_ctas, stream);
 }
 #else
 // Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
@@ -674,7 +816,7 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
                                     int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
                                     int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
                                     int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                                    cudaStream_t stream) {
+                                    int64_t max_ctas, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   const bool tile_in_page = page_size % kBlockN == 0;
@@ -697,6 +839,6 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   p.last_page_len = static_cast<const int*>(last_page_len);
   p.page_size = int(page_size);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, stream);
+                sm_scale, softcap, window_left, max_ctas, stream);
 }
 #endif

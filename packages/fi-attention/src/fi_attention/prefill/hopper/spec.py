@@ -20,7 +20,8 @@ RAGGED_ENTRY = Entry(
     ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr o lse
      "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
      "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
-     "i64", "i64", "f32", "f32", "i64", "stream"),      # batch max_qo_len sm_scale softcap window_left stream
+     "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
 PAGED_ENTRY = Entry(
@@ -30,7 +31,8 @@ PAGED_ENTRY = Entry(
      "i64", "i64", "i64", "i64",                        # num_qo_heads num_kv_heads q strides (token, head)
      "i64", "i64", "i64", "i64", "i64", "i64",          # k/v strides (page, token, head)
      "i64", "i64",                                      # o strides
-     "i64", "i64", "f32", "f32", "i64", "stream"),      # batch max_qo_len sm_scale softcap window_left stream
+     "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
