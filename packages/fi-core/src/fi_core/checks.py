@@ -20,6 +20,16 @@ def tensor(name: str, t) -> torch.Tensor:
     return t
 
 
+def int32_vector(name: str, t) -> torch.Tensor:
+    """A 1-D int32 tensor (index tables: indptr, indices, lengths), any device."""
+    tensor(name, t)
+    if t.dtype != torch.int32:
+        raise InputTypeError(f"{name} must be int32, got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != 1:
+        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t
+
+
 def dtype(name: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
     tensor(name, t)
     if t.dtype not in allowed:

@@ -12,19 +12,15 @@ from typing import Union
 import numpy as np
 import torch
 
-from fi_core.errors import InputError, InputTypeError
+from fi_core import checks
+from fi_core.errors import InputError
 
 from .planner import kv_lengths
 
 
 def host_i32(name: str, t: torch.Tensor) -> np.ndarray:
     """A 1-D int32 tensor as a numpy array: a view of a CPU tensor, a copy of a device one."""
-    if not isinstance(t, torch.Tensor):
-        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise InputTypeError(f"{name} must be int32, got {str(t.dtype).replace('torch.', '')}")
-    if t.dim() != 1:
-        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    checks.int32_vector(name, t)
     return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, knobs, load, register_op
+from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, checks, knobs, load, register_op
 from fi_core.dtypes import cuda_type, tag
 from fi_core.errors import InputError, InputTypeError
 from fi_core.launch import current_stream
@@ -39,14 +39,7 @@ APPEND = register_op(OpInfo(
 ))
 
 
-def _i32(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise InputTypeError(f"{name} must be int32, got {str(t.dtype).replace('torch.', '')}")
-    if t.dim() != 1:
-        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t
+_i32 = checks.int32_vector
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
