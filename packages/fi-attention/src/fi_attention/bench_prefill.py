@@ -120,7 +120,8 @@ def ragged_routine(args: RoutineArgs):
     ours = time_fn(lambda q, k, v: w.run(q, k, v), sets, reps=10, min_calls_per_replay=4)
     base = time_fn(lambda q, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
-    yield BenchRow("BatchPrefillWithRaggedKVCacheWrapper", f"{batch}x{L} {'causal' if causal else 'full'} 32/8 d128 [{backend} {tile}]",
+    mask = "causal" if causal else "full"
+    yield BenchRow("BatchPrefillWithRaggedKVCacheWrapper", f"{batch}x{L} {mask} 32/8 d128 [{backend} {tile}]",
                    ours, flops=flops, baseline=("torch SDPA (dense)", base), backend=backend)
 
 
@@ -157,6 +158,7 @@ def paged_routine(args: RoutineArgs):
     ours = time_fn(lambda q, c, k, v: w.run(q, c), sets, reps=10, min_calls_per_replay=4)
     base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
-    yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", f"{batch}x{L} page {ps} {'causal' if causal else 'full'} 32/8 d128 [{backend} {tile}]",
+    mask = "causal" if causal else "full"
+    yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", f"{batch}x{L} page {ps} {mask} 32/8 d128 [{backend} {tile}]",
                    ours, flops=flops, baseline=("torch SDPA (contiguous KV)", base), backend=backend,
                    target_us=_target_us("paged", L, flops, backend))

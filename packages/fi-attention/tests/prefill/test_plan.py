@@ -28,7 +28,7 @@ def _check_coverage(qo_lens, kv_lens, hkv, group, rows, causal, window_left, pla
     for b, (ql, kl) in enumerate(zip(qo_lens, kv_lens)):
         cover[b] = np.zeros((hkv, ql * group, kl), np.int32)
     row_tiles = set()
-    for req, h, rs, ks, ke, slot in plan.work.tolist():
+    for req, h, rs, ks, ke, _slot in plan.work.tolist():
         ql, kl = qo_lens[req], kv_lens[req]
         assert 0 <= ks <= ke <= kl and rs % rows == 0 and rs < ql * group
         row_tiles.add((req, h, rs))

@@ -115,9 +115,9 @@ def test_single_prefill_cpu_is_the_reference_with_masks_packed_or_dense():
     o1, l1 = single_prefill_with_kv_cache(q, k, v, custom_mask=mask, return_lse=True, causal=True)
     o2, l2 = single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packbits(mask.flatten(), "little"),
                                           return_lse=True)
-    for o, l in ((o1, l1), (o2, l2)):
+    for o, lse in ((o1, l1), (o2, l2)):
         torch.testing.assert_close(o, want, rtol=0, atol=0)
-        torch.testing.assert_close(l, wl, rtol=0, atol=0)
+        torch.testing.assert_close(lse, wl, rtol=0, atol=0)
 
 
 def test_single_prefill_cpu_hnd_matches_nhd():

@@ -175,9 +175,9 @@ def _indptr(lens):
 def _per_request_ref(q, k, v, qo, kv, **kw):
     outs, lses, a, c = [], [], 0, 0
     for lq, lk in zip(qo, kv):
-        o, l = attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], return_lse=True, **kw)
+        o, lse = attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], return_lse=True, **kw)
         outs.append(o)
-        lses.append(l)
+        lses.append(lse)
         a, c = a + lq, c + lk
     return torch.cat(outs), torch.cat(lses)
 

@@ -216,7 +216,8 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
     for i in range(batch):
         n = kv_ind[i + 1] - kv_ind[i]
         for j in range(pages_per[i]):
-            page = int(perm[p]); p += 1
+            page = int(perm[p])
+            p += 1
             indices.append(page)
             lo, hi = kv_ind[i] + j * page_size, min(kv_ind[i] + (j + 1) * page_size, kv_ind[i + 1])
             if layout == "NHD":

@@ -72,9 +72,9 @@ def _check(name: str, toks: torch.Tensor, keep: torch.Tensor) -> None:
 def _run(name: str, args: RoutineArgs, ours, base, keep_fn, logits_input: bool, param: str):
     dev = torch.device(args.device)
     batches = BATCHES[:1] if args.quick else BATCHES
-    for bi, batch in enumerate(batches):
-        make = (lambda i: (_logits(i, batch, dev),)) if logits_input else \
-            (lambda i: (torch.softmax(_logits(i, batch, dev), dim=-1),))
+    for batch in batches:
+        make = (lambda i, batch=batch: (_logits(i, batch, dev),)) if logits_input else \
+            (lambda i, batch=batch: (torch.softmax(_logits(i, batch, dev), dim=-1),))
         sets = rotating_inputs(make, dev)
         x = sets[0][0]
         _check(name, ours(x), keep_fn(x))

@@ -10,7 +10,8 @@ prefix is read once per group instead of once per request.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 

@@ -74,7 +74,8 @@ def _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_
         check_tensor("packed_custom_mask", packed_custom_mask, 1, (torch.uint8,))
         need = (lq * lkv + 7) // 8
         if packed_custom_mask.numel() < need:
-            raise InputError(f"packed_custom_mask needs {need} bytes for a {lq} x {lkv} mask, got {packed_custom_mask.numel()}")
+            raise InputError(f"packed_custom_mask needs {need} bytes for a {lq} x {lkv} mask, "
+                             f"got {packed_custom_mask.numel()}")
     if o_dtype is not None and o_dtype != q.dtype:
         raise UnsupportedError(f"o_dtype must be None or q.dtype ({dtype_name(q.dtype)}), got {o_dtype}")
     return kn, vn
@@ -154,7 +155,6 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     kn, vn = _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_mode,
                        window_left, logits_soft_cap, o_dtype)
     lq, hq, dqk = q.shape
-    lkv, hkv = kn.shape[0], kn.shape[1]
     dvo = vn.shape[2]
     scale = default_sm_scale(dqk, sm_scale) * to_float_scale("scale_q", scale_q) * to_float_scale("scale_k", scale_k)
     v_mul = to_float_scale("scale_v", scale_v)
@@ -200,12 +200,13 @@ def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_
         logits_soft_cap=soft_cap, qo_len=lq, kv_len=lkv)
     if choice.name == "reference":
         mask = unpack_mask(packed_mask, 0, lq, lkv) if packed_mask is not None else None
-        o, l = attention_reference(q, kn, vn, causal=causal, sm_scale=scale, logits_soft_cap=soft_cap or None,
-                                   window_left=window_left, pos_encoding_mode=pos_encoding_mode,
-                                   rope_scale=rope_scale, rope_theta=rope_theta, custom_mask=mask, return_lse=True)
+        o, ref_lse = attention_reference(q, kn, vn, causal=causal, sm_scale=scale, logits_soft_cap=soft_cap or None,
+                                         window_left=window_left, pos_encoding_mode=pos_encoding_mode,
+                                         rope_scale=rope_scale, rope_theta=rope_theta, custom_mask=mask,
+                                         return_lse=True)
         out.copy_(o)
         if lse is not None:
-            lse.copy_(l)
+            lse.copy_(ref_lse)
         return
     if lq == 0:
         return

@@ -8,7 +8,8 @@ else fa2; ``FI_LOG_DISPATCH=1`` logs the choice and every skipped backend's reas
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 

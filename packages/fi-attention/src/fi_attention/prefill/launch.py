@@ -103,7 +103,7 @@ def fa2_variant(call_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, pag
                     short=short)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _occupancy(spec) -> int:
     out = (ctypes.c_int * 2)()
     load(spec).fi_prefill_fa2_info(ctypes.addressof(out))

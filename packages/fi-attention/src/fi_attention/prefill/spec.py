@@ -50,7 +50,9 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
 
 def smem_bytes(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
     kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)[2]
-    return (cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk + 2 * kv_tile * (head_dim_qk + head_dim_vo)) * 2 + 16
+    q_elems = cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk
+    kv_elems = 2 * kv_tile * (head_dim_qk + head_dim_vo)
+    return (q_elems + kv_elems) * 2 + 16
 
 
 def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,

@@ -174,7 +174,8 @@ class _BatchPrefillBase:
             raise InputError(f"q must be [qo_indptr[-1], num_qo_heads, head_dim_qk] = "
                              f"[{self._nnz_qo}, {self._num_qo_heads}, {self._dqk}], got {tuple(q.shape)}")
         if q.dtype != self._q_dtype:
-            raise InputError(f"q dtype {dtype_name(q.dtype)} differs from plan(q_data_type={dtype_name(self._q_dtype)})")
+            raise InputError(f"q dtype {dtype_name(q.dtype)} differs from "
+                             f"plan(q_data_type={dtype_name(self._q_dtype)})")
         if q.device != self.device:
             raise InputError(f"q is on {q.device}, the workspace on {self.device}")
         check_rows("q", q)
@@ -212,13 +213,13 @@ class _BatchPrefillBase:
             if self._mask is not None:
                 packed, ind = self._mask_host
                 mask = unpack_mask(packed.cpu(), int(ind[b]), e - a, kk.shape[0])
-            o, l = attention_reference(q[a:e], kk, vv, causal=self._causal, sm_scale=self._sm_scale * k_scale,
-                                       logits_soft_cap=self._soft_cap or None, window_left=self._window_left,
-                                       pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
-                                       rope_theta=self._rope_theta, custom_mask=mask, return_lse=True)
+            o, ref_lse = attention_reference(q[a:e], kk, vv, causal=self._causal, sm_scale=self._sm_scale * k_scale,
+                                             logits_soft_cap=self._soft_cap or None, window_left=self._window_left,
+                                             pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
+                                             rope_theta=self._rope_theta, custom_mask=mask, return_lse=True)
             out[a:e] = o
             if lse is not None:
-                lse[a:e] = l
+                lse[a:e] = ref_lse
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
@@ -280,11 +281,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         kn = k if self._kv_layout == "NHD" else k.transpose(0, 1)
         vn = v if self._kv_layout == "NHD" else v.transpose(0, 1)
         if kn.shape[0] < self._nnz_kv or tuple(kn.shape[1:]) != (self._num_kv_heads, self._dqk):
-            raise InputError(f"k must be [>= {self._nnz_kv}, {self._num_kv_heads}, {self._dqk}] (NHD view), got {tuple(kn.shape)}")
+            raise InputError(f"k must be [>= {self._nnz_kv}, {self._num_kv_heads}, {self._dqk}] (NHD view), "
+                             f"got {tuple(kn.shape)}")
         if vn.shape[0] != kn.shape[0] or tuple(vn.shape[1:]) != (self._num_kv_heads, self._dvo):
-            raise InputError(f"v must be [{kn.shape[0]}, {self._num_kv_heads}, {self._dvo}] (NHD view), got {tuple(vn.shape)}")
+            raise InputError(f"v must be [{kn.shape[0]}, {self._num_kv_heads}, {self._dvo}] (NHD view), "
+                             f"got {tuple(vn.shape)}")
         if k.dtype != self._kv_dtype or v.dtype != self._kv_dtype:
-            raise InputError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), got {dtype_name(k.dtype)}/{dtype_name(v.dtype)}")
+            raise InputError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), "
+                             f"got {dtype_name(k.dtype)}/{dtype_name(v.dtype)}")
         check_rows("k", k)
         check_rows("v", v)
         if q.device.type == "cpu":
@@ -371,16 +375,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         qo_lens = host_lengths("qo_indptr", qo_h)
         pages = host_lengths("paged_kv_indptr", kv_h)
         if bool(((pages > 0) & ((last_h < 1) | (last_h > page_size))).any()):
-            raise InputError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for requests with pages")
+            raise InputError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] "
+                             "for requests with pages")
         kv_lens = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
         if paged_kv_indices.numel() < int(kv_h[-1]):
-            raise InputError(f"paged_kv_indices has {paged_kv_indices.numel()} entries, paged_kv_indptr[-1] = {int(kv_h[-1])}")
+            raise InputError(f"paged_kv_indices has {paged_kv_indices.numel()} entries, "
+                             f"paged_kv_indptr[-1] = {int(kv_h[-1])}")
         self._page_size = page_size
         self._kv_indptr_host, self._last_host = kv_h, last_h
         self._kv_indices_host = paged_kv_indices
         self._kv_indptr_dev = self._to_dev("paged_kv_indptr", kv_h, self._kv_indptr_buf, non_blocking)
         self._kv_indices_dev = self._to_dev("paged_kv_indices", paged_kv_indices, self._kv_indices_buf, non_blocking)
-        self._last_dev = self._to_dev("paged_kv_last_page_len", paged_kv_last_page_len.cpu(), self._last_buf, non_blocking)
+        self._last_dev = self._to_dev("paged_kv_last_page_len", paged_kv_last_page_len.cpu(), self._last_buf,
+                                      non_blocking)
         self._plan_common(qo_h, qo_lens, kv_lens, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                           custom_mask, packed_custom_mask, causal, pos_encoding_mode, window_left,
                           logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
@@ -397,7 +404,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise InputError(f"paged_kv_cache has page_size {kv.page_size}, {kv.num_kv_heads} kv heads, head_dim "
                              f"{kv.head_dim}; plan() was given {self._page_size}, {self._num_kv_heads}, {self._dqk}")
         if kv.dtype != self._kv_dtype:
-            raise InputError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from plan ({dtype_name(self._kv_dtype)})")
+            raise InputError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from "
+                             f"plan ({dtype_name(self._kv_dtype)})")
         ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
         if q.device.type == "cpu":
             self._reference_rows(

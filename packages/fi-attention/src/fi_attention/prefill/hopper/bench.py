@@ -79,7 +79,7 @@ def single_prefill_fa3(args: RoutineArgs):
         sets = rotating_inputs(make, dev, max_sets=4)
         scale = D ** -0.5
 
-        def ours(q, k, v, out, causal=causal, L=L):
+        def ours(q, k, v, out, causal=causal, L=L, scale=scale):
             run_ragged(q, k, v, None, None, out, None, causal=causal, sm_scale=scale,
                        max_qo_len=L, batch_size=1)
 
@@ -142,7 +142,7 @@ def batch_prefill_paged_fa3(args: RoutineArgs):
         return kv[0].contiguous(), kv[1].contiguous()
 
     base_sets = []
-    for q, cache, indices, out in sets:
+    for q, cache, indices, _out in sets:
         k, v = gathered(cache, indices)
         base_sets.append((q.view(batch, L, HQ, D).transpose(1, 2), k, v))
 

@@ -49,8 +49,10 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
     arch = Arch.parse(arch)
+    layout = "paged" if paged else "ragged"
+    mask = "causal" if causal else "full"
     return KernelSpec(
-        name=f"prefill_sm90_{'paged' if paged else 'ragged'}_{tag(dtype)}_d{head_dim}_{'causal' if causal else 'full'}{'_softcap' if softcap else ''}",
+        name=f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}",
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
