@@ -189,6 +189,11 @@ def test_return_values_and_allocation():
     o2, l2 = w.run(q, cache, return_lse=True)
     o3 = w.forward(q, cache)
     assert torch.equal(o1, o2) and torch.equal(o1, o3) and l2.shape == (2, 32)
+    # destinations on another device are refused on the launch path and the checked path alike
+    for kw in ({"out": torch.empty(2, 32, 128, dtype=torch.bfloat16)},
+               {"lse": torch.empty(2, 32, dtype=torch.float32), "return_lse": True}):
+        with pytest.raises(InputError, match="on cpu"):
+            w.run(q, cache, **kw)
     w.end_forward()
 
 

@@ -181,6 +181,11 @@ def test_batch_cpu_equals_single_per_request_and_paged_equals_ragged():
     ph.plan(qo_ind, indptr, indices, last, 4, 2, 64, 4, causal=True, q_data_type=BF16)
     kc, vc = cache[:, 0].transpose(1, 2).contiguous(), cache[:, 1].transpose(1, 2).contiguous()
     torch.testing.assert_close(ph.run(q, (kc, vc)), out, rtol=0, atol=0)
+    # destinations on another device than q are refused before any launch
+    with pytest.raises(InputError, match="on cpu"):
+        w.run(q, k, v, out=torch.empty(out.shape, dtype=out.dtype, device="meta"))
+    with pytest.raises(InputError, match="on cpu"):
+        w.run(q, k, v, lse=torch.empty(lse.shape, dtype=torch.float32, device="meta"))
 
 
 def test_batch_custom_mask_cpu_matches_reference():

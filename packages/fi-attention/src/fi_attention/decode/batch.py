@@ -389,7 +389,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
                     and (k_scale is None or type(k_scale) is float)
                     and (v_scale is None or type(v_scale) is float)
-                    and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape))
+                    and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape
+                                         and out.get_device() == dev))
                     and not (no_capture and capturing())):
                 kv = seen.get((c.data_ptr(), c.shape, c.stride(), c.dtype) if type(c) is _Tensor else _cache_key(c))
                 qs = q.stride()
@@ -436,15 +437,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         wl = self._window_left if window_left is None else int(window_left)
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        elif out.dtype != q.dtype or out.shape != self._q_shape or out.stride(-1) != 1:
-            raise InputError(f"out must be {q.dtype} {tuple(q.shape)} with a contiguous last dim, "
-                             f"got {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+        elif (out.dtype != q.dtype or out.shape != self._q_shape or out.stride(-1) != 1
+              or out.device != q.device):
+            raise InputError(f"out must be {q.dtype} {tuple(q.shape)} on {q.device} with a contiguous last "
+                             f"dim, got {out.dtype} {tuple(out.shape)} on {out.device} strides {out.stride()}")
         if return_lse and lse is None:
             lse = torch.empty((self._batch, self._hq), dtype=torch.float32, device=q.device)
         if lse is not None and (lse.shape != (self._batch, self._hq) or lse.dtype != torch.float32
-                                or not lse.is_contiguous()):
-            raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor, "
-                             f"got {lse.dtype} {tuple(lse.shape)}")
+                                or not lse.is_contiguous() or lse.device != q.device):
+            raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor on "
+                             f"{q.device}, got {lse.dtype} {tuple(lse.shape)} on {lse.device}")
         if _check_inputs():
             self._check_pages(kv[1])
         if _compiling():

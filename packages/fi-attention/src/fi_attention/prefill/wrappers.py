@@ -186,13 +186,16 @@ class _BatchPrefillBase:
             check_tensor("out", out, 3, (q.dtype,))
             if tuple(out.shape) != shape:
                 raise InputError(f"out must be {list(shape)}, got {tuple(out.shape)}")
+            if out.device != q.device:
+                raise InputError(f"out must be on {q.device} (q's device), got {out.device}")
             check_rows("out", out)
         if return_lse or lse is not None:
             if lse is None:
                 lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
-            elif tuple(lse.shape) != shape[:2] or lse.dtype != torch.float32 or not lse.is_contiguous():
-                raise InputError(f"lse must be contiguous float32 {list(shape[:2])}, got "
-                                 f"{dtype_name(lse.dtype)} {tuple(lse.shape)}")
+            elif (tuple(lse.shape) != shape[:2] or lse.dtype != torch.float32 or not lse.is_contiguous()
+                  or lse.device != q.device):
+                raise InputError(f"lse must be contiguous float32 {list(shape[:2])} on {q.device}, got "
+                                 f"{dtype_name(lse.dtype)} {tuple(lse.shape)} on {lse.device}")
         return out, lse
 
     def _launch(self, call: PrefillCall) -> None:
