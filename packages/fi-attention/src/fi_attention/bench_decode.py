@@ -33,14 +33,17 @@ PAGE, D = 16, 128
 
 
 def _apply_variant_option(args: RoutineArgs) -> str:
-    """``mma_variant=N`` rebuilds the tensor-core kernel with FI_MMA_VARIANT=N (A/B runs)."""
-    if "mma_variant" not in args.options:
+    """``mma_variant=N`` rebuilds the tensor-core kernel with FI_MMA_VARIANT=N, ``mma_stages=N``
+    with FI_MMA_STAGES=N (variant 3's ring depth), for A/B runs."""
+    keys = [k for k in ("mma_variant", "mma_stages") if k in args.options]
+    if not keys:
         return ""
     from .decode import spec  # noqa: PLC0415
 
-    spec.MMA_VARIANT = int(args.options["mma_variant"])
+    spec.MMA_VARIANT = int(args.options.get("mma_variant", spec.MMA_VARIANT))
+    spec.MMA_STAGES = int(args.options.get("mma_stages", spec.MMA_STAGES))
     spec.decode_mma_spec.cache_clear()
-    return f" [mma_variant={spec.MMA_VARIANT}]"
+    return " [" + " ".join(f"{k}={args.options[k]}" for k in keys) + "]"
 
 
 def _tables(batch, kv_len, dev):

@@ -13,6 +13,8 @@ from fi_core import arch_of, build_many, testing
 from fi_core.errors import InputError
 from fi_attention import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
                           single_decode_with_kv_cache)
+from fi_attention.decode import batch as decode_batch
+from fi_attention.decode import spec as decode_spec
 from fi_attention.decode.spec import select_spec
 from fi_attention.reference import attention_reference, batch_decode_reference, gather_paged_kv
 
@@ -355,3 +357,53 @@ def test_run_after_switching_cache_refreshes_the_arguments():
         out = w.run(q, cache)
         ro = batch_decode_reference(q, cache, indptr, indices, last)
         testing.assert_close(out, ro, dtype=torch.bfloat16)
+
+
+# Variant 3 of the tensor-core kernel (FI_MMA_VARIANT=3: a per-warp cp.async ring in shared
+# memory) is a tuning build that the default path does not use; the bench option mma_variant=3
+# times it. These cases build it (default ring depth, and 1 slot per warp) and check it against
+# the reference: every KV layout of the ring (16-bit/fp8 x head_dim 64/128, so 256-, 128- and
+# 64-byte rows), 1/4/8 query heads per CTA, soft cap with ALiBi, a window, page sizes 1/5/16,
+# and lengths around the ring's edges (a warp takes 16 tokens per slot, 64 per round of 4 warps;
+# the default ring is 2 slots at bf16 d128 up to 8 at fp8 d64) plus split requests.
+_BF, _HF, _E4, _E5 = torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
+RING_CASES = [  # (id, q dtype, kv dtype, head_dim, hq, hkv, page size, plan options)
+    ("bf16_d128_gh4", _BF, _BF, 128, 32, 8, 16, {}),
+    ("e4m3_d128_gh8_window", _BF, _E4, 128, 32, 4, 16, dict(window_left=40)),
+    ("f16_d64_gh8_page1", _HF, _HF, 64, 16, 2, 1, {}),
+    ("e5m2_d64_gh4_page5", _HF, _E5, 64, 32, 8, 5, {}),
+    ("bf16_d128_gh1_softcap_alibi", _BF, _BF, 128, 8, 8, 16,
+     dict(logits_soft_cap=30.0, pos_encoding_mode="ALIBI")),
+]
+RING_LENS = [1, 15, 16, 17, 63, 64, 65, 129, 257, 520, 1031, 6000]
+
+
+@pytest.fixture(params=[0, 1], ids=["stages_default", "stages_1"])
+def mma_ring_variant(request):
+    """Builds select the variant-3 modules while the test runs (the module cache of the wrapper is
+    keyed without the variant, so it is emptied on both sides)."""
+    saved = decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES
+    decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES = 3, request.param
+    decode_spec.decode_mma_spec.cache_clear()
+    decode_batch._MODULE_CACHE.clear()
+    arch = arch_of(torch.device(DEV))
+    build_many(sorted({decode_spec.decode_mma_spec(q, kv, d, hq // hkv, kw.get("pos_encoding_mode", "NONE"),
+                                                   "logits_soft_cap" in kw, arch)
+                       for _, q, kv, d, hq, hkv, _, kw in RING_CASES}, key=lambda sp: sp.name))
+    yield request.param
+    decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES = saved
+    decode_spec.decode_mma_spec.cache_clear()
+    decode_batch._MODULE_CACHE.clear()
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=[c[0] for c in RING_CASES])
+def test_mma_ring_variant(case, mma_ring_variant):
+    _, q_dtype, kv_dtype, d, hq, hkv, ps, plan_kw = case
+    run_kw = dict(k_scale=0.5, v_scale=2.0) if kv_dtype in (_E4, _E5) else {}
+    for split in (dict(fixed_split_size=7), {}):
+        out, lse, ro, rl, w = run_decode(RING_LENS, ps, hq, hkv, d, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                         plan_kw={**plan_kw, **split}, run_kw=run_kw,
+                                         ref_kw={**plan_kw, **run_kw}, backend="tensor-core")
+        assert "mma_variant3" in w._kernel_name
+        testing.assert_close(out, ro, dtype=q_dtype, msg=f"{split}: ")
+        testing.assert_close(lse, rl, **LSE_TOL)

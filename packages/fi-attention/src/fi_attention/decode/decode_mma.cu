@@ -22,10 +22,14 @@
 //                                  of columns 2c, 2c+1 comes from the lanes owning those S rows.
 // fp8 caches are widened to f16 in registers (cvt.f16x2.e4m3x2 is one instruction) and the MMAs
 // run in f16. Q is not pre-scaled (it stays exact in the MMA type); S is scaled in fp32.
+//
+// Variant 3 (FI_MMA_VARIANT=3) streams K/V through a per-warp cp.async ring in shared memory
+// instead of loading them into registers; see "Shared-memory ring" below.
 #include <type_traits>
 
 #include "fi/common.cuh"
 #include "fi/math.cuh"
+#include "fi/pipeline.cuh"
 #include "fi/vec.cuh"
 
 #include "decode_args.h"
@@ -50,20 +54,55 @@ using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
 //   0  one 16-token tile (two for fp8) per warp iteration, loads issued before any use;
 //   1  as 0, and each warp asks L2 for its next iteration's K/V rows (one bulk prefetch per lane,
 //      no registers) before computing the current one, so the next loads hit L2;
-//   2  two tiles per iteration for 16-bit caches too, at 2 CTAs per SM (the registers of 2 tiles).
+//   2  two tiles per iteration for 16-bit caches too, at 2 CTAs per SM (the registers of 2 tiles);
+//   3  as 0, but each warp copies its tiles with cp.async into a ring of STAGES one-tile slots in
+//      shared memory and keeps its next STAGES tiles in flight while it computes the current one.
 #ifndef FI_MMA_VARIANT
 #define FI_MMA_VARIANT 0
 #endif
 constexpr int VARIANT = FI_MMA_VARIANT;
-static_assert(VARIANT >= 0 && VARIANT <= 2, "FI_MMA_VARIANT is 0, 1 or 2");
+static_assert(VARIANT >= 0 && VARIANT <= 3, "FI_MMA_VARIANT is 0, 1, 2 or 3");
 constexpr int NW = 4;
 constexpr int KD = D / 4;       // K elements per lane per token
 constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
 constexpr int KBYTES = KD * int(sizeof(KVT));
-constexpr int TILES = (KV8 || VARIANT == 2) ? 2 : 1;
-constexpr int CTAS_PER_SM = (!KV8 && VARIANT == 2) ? 2 : 3;
+constexpr int TILES = ((KV8 && VARIANT != 3) || VARIANT == 2) ? 2 : 1;  // variant 3: see the ring
 constexpr int VBYTES = VD * int(sizeof(KVT));
+
+// Shared-memory ring (variant 3). Each warp owns STAGES slots of one tile: 16 K rows then 16 V
+// rows of its kv head (ROW bytes each; 8 KB per bf16 tile at head_dim 128, 4 KB for fp8, which
+// also takes one tile per iteration here: its bytes in flight are in the ring, not in registers).
+// Lane (g, c) copies 16-byte chunks 4j + c of rows g and g + 8 of both blocks, as variant 0 loads
+// K: one page lookup per row serves K and V, and each instruction covers 64 contiguous bytes of 8
+// rows (whole sectors). Once the tile has landed, lanes read variant 0's fragments (K chunks 4j + c
+// of rows g, g + 8: the lane's own copies; V chunks g (+ 8) of rows 2c + {0, 1} (+ 8)), so the MMA
+// code is shared. The default depth fills 64 KB per CTA: 16 KB per warp in flight while it
+// computes, at every head_dim and KV type; 3 CTAs of 65 KB (1 KB is reserved per CTA) fit the
+// 228 KB of an sm_90 SM, sm_80's 164 KB hold 2. The epilogue's merge arrays reuse the ring.
+#ifndef FI_MMA_STAGES
+#define FI_MMA_STAGES 0  // 0: the 64 KB ring; N: N slots per warp (a tuning define, mma_stages=N)
+#endif
+constexpr int ROW = D * int(sizeof(KVT));
+constexpr int TILE_BYTES = 32 * ROW;
+constexpr int STAGES = FI_MMA_STAGES > 0 ? FI_MMA_STAGES : 64 * 1024 / (NW * TILE_BYTES);
+static_assert(STAGES >= 1 && STAGES <= 8, "1..8 ring slots per warp");
+static_assert(VARIANT != 3 || TILES == 1, "the ring holds one 16-token tile per slot");
+constexpr int RING_BYTES = NW * STAGES * TILE_BYTES;
+
+struct MergeSmem {  // the epilogue's exchange of the NW warp states
+  float o[NW][GH][D];
+  float m[NW][GH], l[NW][GH];
+};
+constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variants 0-2 use static arrays only)
+    VARIANT != 3 ? 0 : RING_BYTES > int(sizeof(MergeSmem)) ? RING_BYTES : int(sizeof(MergeSmem));
+// 3 CTAs (12 warps) per SM; variant 2 holds two tiles in registers and runs 2. Variant 3 also
+// needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
+// bound only caps registers; the planner reads the residency from the occupancy query).
+constexpr int CTAS_BY_SMEM = VARIANT == 3 ? 228 * 1024 / (SMEM_BYTES + 1024) : 3;
+constexpr int CTAS_PER_SM = (!KV8 && VARIANT == 2) ? 2 : CTAS_BY_SMEM < 3 ? CTAS_BY_SMEM : 3;
+static_assert(SMEM_BYTES <= 227 * 1024 && CTAS_PER_SM >= 1, "the ring does not fit one SM");
+
 // Sector layout. A lane's K slice (KD elements of a token) and V slice (VD elements) are not
 // contiguous: they are 16-byte pieces interleaved with the other lanes of the same row, so each
 // load instruction of the warp covers whole 32-byte sectors (4 lanes x 16 B of one K row, 8 lanes
@@ -79,6 +118,40 @@ constexpr int VP = VD < PE ? VD : PE;      // fp8 at head_dim 64: one 8-byte pie
 static_assert(KD % PE == 0 && VD % VP == 0, "slices are whole pieces");
 __device__ __forceinline__ int k_dim(int c, int e) { return (e / PE) * 4 * PE + c * PE + e % PE; }
 __device__ __forceinline__ int v_dim(int g, int e) { return (e / VP) * 8 * VP + g * VP + e % VP; }
+
+// Byte offset of 16-byte chunk `ch` of row r (0..15) in a 16-row K or V block of the ring.
+// Reads go 8 lanes at a time for 16-byte loads (lanes 8k..8k+7), 16 for 8-byte ones; a phase is
+// conflict-free when its lanes hit distinct 16-byte (8-byte) bank slots of a 128-byte line:
+//   K phase: rows 2k, 2k + 1 (+ 8), chunks 4j + c  (c = 0..3)
+//   V phase: rows b, b + 2, b + 4, b + 6 (b = 0, 1, 8 or 9), chunks 2k, 2k + 1 (+ 8)
+// Unswizzled rows of 128 or 256 bytes start on the same banks: K would be 2-way, V 4-way. Rows of
+// >= 128 bytes XOR the chunk's bits 1..2 with (r1, r0 ^ r2): bit 2 differs between rows 2k and
+// 2k + 1 (K reads the two 64-byte halves of the line), bits 1..2 differ between the 4 V rows of
+// one parity (their chunk pairs spread over the line). 64-byte rows (fp8, head_dim 64) hold two
+// rows per line: row r goes to slot r ^ r1 so that rows 2k and 2k + 1 share a line (K) and the 4
+// V rows of a phase fall 2 per line half, where the chunk XOR 2 r2 splits the halves' 8-byte
+// slots between them. All cp.async writes follow the K pattern (conflict-free).
+__device__ __forceinline__ int ring_off(int r, int ch) {
+  if constexpr (ROW >= 128) {
+    const int swz = (r & 2) | (((r ^ (r >> 2)) & 1) << 2);
+    return r * ROW + ((ch ^ swz) << 4);
+  } else {
+    return (r ^ ((r >> 1) & 1)) * ROW + ((ch ^ ((r >> 1) & 2)) << 4);
+  }
+}
+
+// Shared-memory loads by 32-bit shared address. "memory" keeps them between the ring barriers in
+// the compiler's order (the cp.async refill of their stage follows them).
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 r;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a) : "memory");
+  return r;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(a) : "memory");
+  return r;
+}
 
 using Params = fi_attn::DecodeParams<QT, KVT>;
 
@@ -98,6 +171,16 @@ struct Raw {
     } else {
       static_assert(BYTES == 8, "an 8-byte slice is one piece");
       const uint2 v = fi_attn::ldg_stream<uint2>(ptr);
+      w[0] = v.x; w[1] = v.y;
+    }
+  }
+  // Piece i (16 bytes, or the one 8-byte piece) from shared address a.
+  __device__ __forceinline__ void load_shared(int i, uint32_t a) {
+    if constexpr (BYTES % 16 == 0) {
+      const uint4 v = lds128(a);
+      w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    } else {
+      const uint2 v = lds64(a);
       w[0] = v.x; w[1] = v.y;
     }
   }
@@ -154,6 +237,92 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
+#if FI_MMA_VARIANT == 3
+// One warp's cp.async ring (see "Shared-memory ring"). The warp's n-th tile (tokens lo +
+// 16 (warp + NW n) + 0..15) goes to slot n % STAGES and is commit group n of every lane.
+extern __shared__ __align__(128) uint8_t ring_smem[];
+
+struct WarpRing {
+  const KVT* kc;  // lane (g, c)'s chunk c of the kv head's K and V rows
+  const KVT* vc;
+  uint32_t base;  // shared address of the warp's slot 0
+  int page_lo, hi, g, c, slot = 0;
+
+  // Starts tiles 0..STAGES-1, one group each: a tile past `hi` commits an empty group, so every
+  // lane commits the same groups and the wait counts hold at the tail.
+  __device__ __forceinline__ WarpRing(const Params& p, int kvh, int page_lo_, int lo, int hi_, int warp, int g_,
+                                      int c_)
+      : kc(p.k + kvh * p.k_sh + c_ * PE), vc(p.v + kvh * p.v_sh + c_ * PE),
+        base(static_cast<uint32_t>(__cvta_generic_to_shared(ring_smem)) + warp * (STAGES * TILE_BYTES)),
+        page_lo(page_lo_), hi(hi_), g(g_), c(c_) {
+    int pg[STAGES][2], of[STAGES][2];
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {  // every page lookup first: their loads overlap
+      const int b = lo + 16 * (warp + NW * s);
+      if (b < hi) lookup(p, b, pg[s], of[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      if (lo + 16 * (warp + NW * s) < hi) copy(p, base + s * TILE_BYTES, pg[s], of[s]);
+      fi::cp_async_commit();
+    }
+  }
+
+  // Pages of rows g and g + 8 of the tile at tb; rows past `hi` copy row hi - 1 (their scores
+  // are masked, as in variant 0).
+  __device__ __forceinline__ void lookup(const Params& p, int tb, int (&pg)[2], int (&of)[2]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) pg[i] = int(fi_attn::page_of(p, page_lo, min(tb + 8 * i + g, hi - 1), of[i]));
+  }
+
+  // Chunks 4j + c of the K and V rows g, g + 8 into the slot at shared address st.
+  __device__ __forceinline__ void copy(const Params& p, uint32_t st, const int (&pg)[2], const int (&of)[2]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const KVT* ks = kc + int64_t(pg[i]) * p.k_sp + of[i] * p.k_st;
+      const KVT* vs = vc + int64_t(pg[i]) * p.v_sp + of[i] * p.v_st;
+#pragma unroll
+      for (int j = 0; j < ROW / 64; ++j) {
+        const uint32_t dst = st + ring_off(8 * i + g, 4 * j + c);
+        fi::cp_async_16(dst, ks + j * 4 * PE);
+        fi::cp_async_16(dst + 16 * ROW, vs + j * 4 * PE);
+      }
+    }
+  }
+
+  // The fragments of the tile at tb (the warp's next one) into registers, then its slot refilled
+  // with the tile STAGES iterations ahead, so STAGES tiles stay in flight while the warp
+  // computes. The refill's page lookups are issued first: they load during the wait.
+  __device__ __forceinline__ void next(const Params& p, int tb, Raw<KBYTES> (&rk)[2], Raw<VBYTES> (&rv)[4]) {
+    const int nb = tb + STAGES * NW * 16;
+    int pg[2] = {0, 0}, of[2] = {0, 0};
+    if (nb < hi) lookup(p, nb, pg, of);
+    fi::cp_async_wait<STAGES - 1>();  // this lane's copies of tile n (group n) have landed
+    __syncwarp();                     // ... and every lane's are visible to the whole warp
+    const uint32_t kt = base + slot * TILE_BYTES, vt = kt + 16 * ROW;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // K chunks 4j + c of rows g, g + 8 (this lane's own copies)
+#pragma unroll
+      for (int j = 0; j < ROW / 64; ++j) rk[i].load_shared(j, kt + ring_off(8 * i + g, 4 * j + c));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // V of tokens 2c, 2c + 1, 8 + 2c, 9 + 2c: the V map's pieces of g
+      const int r = 2 * c + (j & 1) + 8 * (j >> 1);
+      if constexpr (VBYTES % 16 == 0) {
+#pragma unroll
+        for (int m = 0; m < VBYTES / 16; ++m) rv[j].load_shared(m, vt + ring_off(r, g + 8 * m));
+      } else {  // one 8-byte piece per row (fp8, head_dim 64): bytes 8g..8g+7
+        rv[j].load_shared(0, vt + ring_off(r, g >> 1) + 8 * (g & 1));
+      }
+    }
+    __syncwarp();  // every lane has read the slot before any lane's copies overwrite it
+    if (nb < hi) copy(p, kt, pg, of);
+    fi::cp_async_commit();
+    slot = slot + 1 < STAGES ? slot + 1 : 0;
+  }
+};
+#endif
+
 // 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
 __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const Params p) {
   // 1-D grid, the item's (kv head, head subgroup) units adjacent: in CUDA-graph mode the grid
@@ -176,6 +345,10 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
+
+#if FI_MMA_VARIANT == 3
+  WarpRing ring(p, kvh, page_lo, lo, hi, warp, g, c);  // starts the warp's first STAGES tiles
+#endif
 
   // A fragments of Q for row g (head qh0 + g): qa[s][0] = d c*KD + 4s + {0,1}, qa[s][1] = + {2,3}.
   uint32_t qa[KSTEPS][2];
@@ -205,8 +378,10 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   for (int i = 0; i < MTILES; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m = fi::kNegInf, l = 0.f;  // row g: m is uniform over the 4 lanes of the row, l partial
 
+#if FI_MMA_VARIANT != 3
   const KVT* kb = p.k + kvh * p.k_sh + c * PE;
   const KVT* vb = p.v + kvh * p.v_sh + g * VP;
+#endif
   // 16-token tiles per warp iteration. Loads of all tiles are issued before any is used: a warp
   // has KD*2 + VD*4 cache elements per tile in flight; fp8 halves those bytes, so it takes two
   // tiles to keep ~8 KB per warp (~96 KB per SM at 3 CTAs) in flight, which HBM3e needs.
@@ -215,6 +390,9 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
     // masked to -inf, so their probabilities are exactly 0.
     Raw<KBYTES> rk[TILES][2];
     Raw<VBYTES> rv[TILES][4];
+#if FI_MMA_VARIANT == 3
+    ring.next(p, base0, rk[0], rv[0]);
+#else
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile) {
       const int base = base0 + 16 * tile;
@@ -232,6 +410,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
         rv[tile][j].load(vb + pid * p.v_sp + off * p.v_st, 8 * VP);
       }
     }
+#endif
     if constexpr (VARIANT == 1) {
       // Lane l: row (l & 15) of the warp's next tile, K for l < 16 and V for the rest.
       const int nb = base0 + NW * 16 * TILES;
@@ -318,8 +497,19 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   l += __shfl_xor_sync(fi::kFullMask, l, 2);
 
   // Merge the NW warp states through shared memory.
+#if FI_MMA_VARIANT == 3
+  // The arrays overlay the ring: only empty groups can still be pending (every copied stage was
+  // waited for), and the barrier makes sure no warp still reads its ring.
+  fi::cp_async_wait<0>();
+  __syncthreads();
+  MergeSmem& ms = *reinterpret_cast<MergeSmem*>(ring_smem);
+  auto& sm_o = ms.o;
+  auto& sm_m = ms.m;
+  auto& sm_l = ms.l;
+#else
   __shared__ __align__(16) float sm_o[NW][GH][D];
   __shared__ float sm_m[NW][GH], sm_l[NW][GH];
+#endif
 #pragma unroll
   for (int i = 0; i < MTILES; ++i) {
     const int d = v_dim(g, 2 * i);  // rows g, g + 8 of m-tile i: local V elements 2i, 2i + 1
@@ -357,11 +547,25 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 
 }  // namespace
 
+// Variant 3's dynamic shared memory beyond 48 KB needs the kernel attribute, once per device (the
+// call costs about a microsecond).
+static cudaError_t allow_smem() {
+  if constexpr (SMEM_BYTES <= 48 * 1024) return cudaSuccess;
+  static bool done[64] = {false};  // benign race: every thread sets the same attribute
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess || (dev >= 0 && dev < 64 && done[dev])) return err;
+  err = cudaFuncSetAttribute(decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+  if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
+  return err;
+}
+
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    decode_mma_kernel<<<grid, NW * 32, 0, stream>>>(p);
+    FI_TRY(allow_smem());
+    decode_mma_kernel<<<grid, NW * 32, SMEM_BYTES, stream>>>(p);
     FI_TRY(cudaGetLastError());
   }
   if (a->merge_batch > 0) {
@@ -374,5 +578,6 @@ FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
 }
 
 FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
-  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_mma_kernel, NW * 32, 0));
+  FI_TRY(allow_smem());
+  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_mma_kernel, NW * 32, SMEM_BYTES));
 }

@@ -15,8 +15,10 @@ _HERE = Path(__file__).resolve().parent
 
 POS_CODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 # Memory-parallelism variant of the tensor-core kernel (FI_MMA_VARIANT in decode_mma.cu), 0 = the
-# source's default. Changed only by the decode bench routine (option mma_variant=N) for A/B runs.
+# source's default, and the ring depth of variant 3 (FI_MMA_STAGES, 0 = sized by the source).
+# Changed only by the decode bench routine (options mma_variant=N, mma_stages=N) for A/B runs.
 MMA_VARIANT = 0
+MMA_STAGES = 0
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -79,9 +81,11 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
 def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
                     pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
     """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible."""
+    extra = {"FI_MMA_VARIANT": MMA_VARIANT} if MMA_VARIANT else {}
+    if MMA_STAGES:
+        extra["FI_MMA_STAGES"] = MMA_STAGES
     return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
-                          pos_encoding_mode, soft_cap, arch,
-                          {"FI_MMA_VARIANT": MMA_VARIANT} if MMA_VARIANT else None)
+                          pos_encoding_mode, soft_cap, arch, extra or None)
 
 
 def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,

@@ -16,6 +16,13 @@ FI_DEVICE void cp_async_16(uint32_t smem_addr, const void* gmem, bool valid) {
                "r"(src_size));
 }
 
+// Unpredicated 16-byte copy for rings that a warp refills in place: the "memory" clobber keeps the
+// compiler from moving it above the shared-memory reads (and the __syncwarp) that must precede the
+// overwrite of a stage.
+FI_DEVICE void cp_async_16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
+}
+
 FI_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>
