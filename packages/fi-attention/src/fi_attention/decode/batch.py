@@ -32,6 +32,7 @@ from .launch import (OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OF
                      PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, DecodeArgs, capturing,
                      page_shift, raw_stream)
 from .planner import max_items, plan_decode, plan_uniform
+from . import spec as _spec
 from .spec import heads_per_cta, select_spec
 from .staging import MetadataStaging
 from .tables import host_i32, request_lengths
@@ -275,7 +276,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, module load and the
         occupancy query, once per signature."""
         dev = self._device
-        key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel)
+        # the tuning values of spec.py (bench A/B options) are part of the module's identity
+        key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
+               _spec.MMA_VARIANT, _spec.MMA_STAGES)
         mk = _MODULE_CACHE.get(key)
         if mk is None:
             spec = select_spec(o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev),
