@@ -40,8 +40,10 @@ def _apply_variant_option(args: RoutineArgs) -> str:
         return ""
     from .decode import spec  # noqa: PLC0415
 
-    spec.MMA_VARIANT = int(args.options.get("mma_variant", spec.MMA_VARIANT))
-    spec.MMA_STAGES = int(args.options.get("mma_stages", spec.MMA_STAGES))
+    if "mma_variant" in args.options:
+        spec.MMA_VARIANT = int(args.options["mma_variant"])
+    if "mma_stages" in args.options:
+        spec.MMA_STAGES = int(args.options["mma_stages"])
     spec.decode_mma_spec.cache_clear()
     return " [" + " ".join(f"{k}={args.options[k]}" for k in keys) + "]"
 

@@ -252,3 +252,29 @@ def test_plan_table_validation_fast_and_slow_paths():
     w = _wrapper()
     w.plan(empty_ok, indices, torch.tensor([0, 2], dtype=torch.int32), 4, 2, 16, 4)
     assert w._batch == 2
+
+
+def test_tensor_core_variant_per_cache_dtype():
+    """fp8 caches take the shared-memory ring (variant 3), 16-bit caches the register tiles (0):
+    the choice measured faster for each on the H200; MMA_VARIANT overrides it for A/B runs."""
+    import torch  # noqa: PLC0415
+
+    from fi_core import Arch  # noqa: PLC0415
+    from fi_attention.decode import spec  # noqa: PLC0415
+
+    a = Arch.parse("9.0a")
+
+    def variant(kv, override=None):
+        saved = spec.MMA_VARIANT
+        spec.MMA_VARIANT = override
+        spec.decode_mma_spec.cache_clear()
+        try:
+            d = dict(spec.decode_mma_spec(torch.bfloat16, kv, 128, 4, "NONE", False, a).defines)
+        finally:
+            spec.MMA_VARIANT = saved
+            spec.decode_mma_spec.cache_clear()
+        return int(d.get("FI_MMA_VARIANT", 0))
+
+    assert variant(torch.bfloat16) == 0 and variant(torch.float8_e4m3fn) == 3
+    assert variant(torch.float8_e5m2) == 3
+    assert variant(torch.float8_e4m3fn, override=0) == 0 and variant(torch.bfloat16, override=3) == 3

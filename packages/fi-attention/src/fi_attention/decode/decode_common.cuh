@@ -150,20 +150,6 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
-// Ask L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) at ptr without using registers or
-// L1: on sm_90 one bulk-prefetch instruction per row; earlier archs touch each 128-byte line.
-template <int BYTES>
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  static_assert(BYTES % 16 == 0, "bulk prefetch sizes are multiples of 16 bytes");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "n"(BYTES) : "memory");
-#else
-#pragma unroll
-  for (int i = 0; i < BYTES; i += 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(ptr) + i));
-#endif
-}
-
 // Page-table lookup of token t of a request whose pages start at indices[page_lo].
 template <typename P>
 __device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& off) {

@@ -49,25 +49,26 @@ static_assert(GH >= 1 && GH <= 8, "at most 8 query heads per CTA (MMA rows 0..7)
 
 constexpr bool KV8 = sizeof(KVT) == 1;
 using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
-// Memory-parallelism variant (a tuning define; the decode bench routine's option mma_variant=N
-// builds a module with another value for A/B runs on the GPU):
-//   0  one 16-token tile (two for fp8) per warp iteration, loads issued before any use;
-//   1  as 0, and each warp asks L2 for its next iteration's K/V rows (one bulk prefetch per lane,
-//      no registers) before computing the current one, so the next loads hit L2;
-//   2  two tiles per iteration for 16-bit caches too, at 2 CTAs per SM (the registers of 2 tiles);
-//   3  as 0, but each warp copies its tiles with cp.async into a ring of STAGES one-tile slots in
-//      shared memory and keeps its next STAGES tiles in flight while it computes the current one.
+// How K/V reach the registers (spec.py picks per cache dtype from H200 measurements; the decode
+// bench routine's option mma_variant=N builds the other one for A/B runs):
+//   0  register tiles: one 16-token tile (two for fp8) per warp iteration, loads issued before any
+//      use (16-bit caches: 1002 us vs 1106 us for 3 at b128 x kv8192);
+//   3  a per-warp cp.async ring of STAGES one-tile slots in shared memory, the next STAGES tiles in
+//      flight while the warp computes the current one (fp8 caches: 548 us vs 638 us for 0).
+// Numbers 1 (an L2 bulk prefetch of the next tile) and 2 (two 16-bit tiles per iteration at 2 CTAs
+// per SM) were measured slower for both dtypes and removed; their results stay in
+// benchmarks/results/h200/BatchDecodeWithPagedKVCacheWrapper_ab_*.json.
 #ifndef FI_MMA_VARIANT
 #define FI_MMA_VARIANT 0
 #endif
 constexpr int VARIANT = FI_MMA_VARIANT;
-static_assert(VARIANT >= 0 && VARIANT <= 3, "FI_MMA_VARIANT is 0, 1, 2 or 3");
+static_assert(VARIANT == 0 || VARIANT == 3, "FI_MMA_VARIANT is 0 or 3");
 constexpr int NW = 4;
 constexpr int KD = D / 4;       // K elements per lane per token
 constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
 constexpr int KBYTES = KD * int(sizeof(KVT));
-constexpr int TILES = ((KV8 && VARIANT != 3) || VARIANT == 2) ? 2 : 1;  // variant 3: see the ring
+constexpr int TILES = (KV8 && VARIANT != 3) ? 2 : 1;  // variant 3: see the ring
 constexpr int VBYTES = VD * int(sizeof(KVT));
 
 // Shared-memory ring (variant 3). Each warp owns STAGES slots of one tile: 16 K rows then 16 V
@@ -100,7 +101,7 @@ constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variants 0-2 use s
 // needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
 // bound only caps registers; the planner reads the residency from the occupancy query).
 constexpr int CTAS_BY_SMEM = VARIANT == 3 ? 228 * 1024 / (SMEM_BYTES + 1024) : 3;
-constexpr int CTAS_PER_SM = (!KV8 && VARIANT == 2) ? 2 : CTAS_BY_SMEM < 3 ? CTAS_BY_SMEM : 3;
+constexpr int CTAS_PER_SM = CTAS_BY_SMEM < 3 ? CTAS_BY_SMEM : 3;
 static_assert(SMEM_BYTES <= 227 * 1024 && CTAS_PER_SM >= 1, "the ring does not fit one SM");
 
 // Sector layout. A lane's K slice (KD elements of a token) and V slice (VD elements) are not
@@ -411,23 +412,6 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
       }
     }
 #endif
-    if constexpr (VARIANT == 1) {
-      // Lane l: row (l & 15) of the warp's next tile, K for l < 16 and V for the rest.
-      const int nb = base0 + NW * 16 * TILES;
-      if (nb < hi) {
-#pragma unroll
-        for (int tile = 0; tile < TILES; ++tile) {
-          const int t = nb + 16 * tile + (lane & 15);
-          if (t < hi) {
-            int off;
-            const int64_t pid = fi_attn::page_of(p, page_lo, t, off);
-            const KVT* row = lane < 16 ? p.k + kvh * p.k_sh + pid * p.k_sp + off * p.k_st
-                                       : p.v + kvh * p.v_sh + pid * p.v_sp + off * p.v_st;
-            fi_attn::prefetch_l2<D * int(sizeof(KVT))>(row);
-          }
-        }
-      }
-    }
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile) {
       const int base = base0 + 16 * tile;

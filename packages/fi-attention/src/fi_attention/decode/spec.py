@@ -14,12 +14,25 @@ from fi_core.dtypes import cuda_type, tag
 _HERE = Path(__file__).resolve().parent
 
 POS_CODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
-# Memory-parallelism variant of the tensor-core kernel (FI_MMA_VARIANT in decode_mma.cu), 0 = the
-# source's default, and the ring depth of variant 3 (FI_MMA_STAGES, 0 = sized by the source).
-# Changed only by the decode bench routine (options mma_variant=N, mma_stages=N) for A/B runs.
-MMA_VARIANT = 0
-MMA_STAGES = 0
 HEAD_DIMS = (64, 128, 256)
+# Memory-parallelism variant of the tensor-core kernel (FI_MMA_VARIANT in decode_mma.cu) and the
+# ring depth of variant 3 (FI_MMA_STAGES, 0 = sized by the source). None = per cache dtype (see
+# mma_variant). Changed only by the decode bench routine (options mma_variant=N, mma_stages=N) for
+# A/B runs and by the GPU tests of the variants.
+MMA_VARIANT = None
+MMA_STAGES = 0
+# Measured on the H200 (GQA 32/8, b128 x kv8192, 2026-11-30): fp8 e4m3 KV 547.9 us with the shared-
+# memory ring (variant 3) against 638.2 us with register tiles (variant 0); bf16 KV 1105.8 us against
+# 1002.5 us, so 16-bit caches keep variant 0.
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def mma_variant(kv_dtype: torch.dtype) -> int:
+    """The tensor-core kernel variant for a cache dtype: MMA_VARIANT if set, else the ring (3) for
+    fp8 caches and register tiles (0) for 16-bit ones."""
+    if MMA_VARIANT is not None:
+        return MMA_VARIANT
+    return 3 if kv_dtype in _FP8 else 0
 
 
 def heads_per_cta(group: int) -> int:
@@ -72,7 +85,7 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
                          pos_encoding_mode: str) -> bool:
     """decode_mma.cu covers head_dim 64/128, <= 8 query heads per CTA, no RoPE, and a 16-bit cache
     of q's dtype or an fp8 cache."""
-    fp8 = kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    fp8 = kv_dtype in _FP8
     return (head_dim in (64, 128) and gh <= 8 and pos_encoding_mode != "ROPE_LLAMA"
             and (fp8 or kv_dtype == q_dtype))
 
@@ -81,7 +94,8 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
 def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
                     pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
     """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible."""
-    extra = {"FI_MMA_VARIANT": MMA_VARIANT} if MMA_VARIANT else {}
+    variant = mma_variant(kv_dtype)
+    extra = {"FI_MMA_VARIANT": variant} if variant else {}
     if MMA_STAGES:
         extra["FI_MMA_STAGES"] = MMA_STAGES
     return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
