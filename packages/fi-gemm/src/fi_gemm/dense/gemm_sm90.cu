@@ -157,18 +157,7 @@ FI_EXPORT int fi_gemm_sm90(void* d, const void* a, const void* b, const void* bi
   if (GemmKernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess)
     return (int)cudaErrorUnknown;
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
-  // The dynamic shared-memory limit is set once per device, not per call (it costs ~1 us).
-  static bool smem_set[64] = {false};
-  int dev = 0;
-  FI_TRY(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64 && !smem_set[dev]) {
-    constexpr int smem = GemmKernel::SharedStorageSize;
-    if (smem >= (48 << 10)) {
-      FI_TRY(cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    }
-    smem_set[dev] = true;
-  }
+  FI_TRY(fi::set_max_dynamic_smem(cutlass::device_kernel<GemmKernel>, int(GemmKernel::SharedStorageSize)));
   if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
     return e != cudaSuccess ? (int)e : (int)cudaErrorLaunchFailure;

@@ -756,14 +756,9 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   p.batch = int(batch);
   const int64_t num_tiles = int64_t(p.num_m_blocks) * batch * num_qo_heads;
   if (num_qo_heads > 65535 || batch > 65535 || num_tiles >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
-  // The smem attribute is per device: set it once per device (a microsecond each time otherwise).
-  static bool smem_set[64] = {false};
+  FI_TRY(fi::set_max_dynamic_smem(prefill_sm90_kernel, kSmemBytes));
   int dev = 0;
   FI_TRY(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !smem_set[dev]) {
-    FI_TRY(cudaFuncSetAttribute(prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    if (dev >= 0 && dev < 64) smem_set[dev] = true;
-  }
   int sms = 0;
   FI_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t ctas =

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <mutex>
+
 // Every host launcher is `FI_EXPORT int name(...)` returning a cudaError_t. Modules are built with
 // -fvisibility=hidden, so only launchers are visible to the loader.
 #define FI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -29,12 +31,28 @@ FI_HOST_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
 template <typename T>
 FI_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 
-// Raise a kernel's dynamic shared-memory limit once per process and device. Setting the attribute
-// costs about a microsecond, so it is not repeated on every launch.
+// Raise a kernel's dynamic shared-memory limit to `bytes`, once per (kernel, device, size): setting
+// the attribute costs about a microsecond, so launchers call this before every launch and only the
+// first call of each kernel on each device pays. A module holds few kernels, so the record is a short
+// table under a mutex (uncontended: tens of nanoseconds); past its capacity the attribute is simply
+// set again, which is correct, only slower.
 template <typename Kernel>
 inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  struct Raised { const void* kernel; int device; int bytes; };
+  static Raised raised[64];
+  static int count = 0;
+  static std::mutex mu;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < count; ++i)
+    if (raised[i].kernel == fn && raised[i].device == dev && raised[i].bytes >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && count < 64) raised[count++] = {fn, dev, bytes};
+  return err;
 }
 
 // Number of SMs of the current device, read from the runtime once per device (never a literal).
