@@ -207,31 +207,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
     if (tx == 0) { sm_m[gr][g] = m[g]; sm_l[gr][g] = l[g]; }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < GH * D; e += NW * 32) {
-    const int g = e / D, d = e % D;
-    float mx = fi::kNegInf;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) mx = fmaxf(mx, sm_m[r][g]);
-    float lsum = 0.f, acc = 0.f;
-    if (mx != fi::kNegInf) {
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const float w8 = fi::exp2_approx(sm_m[r][g] - mx);
-        lsum += sm_l[r][g] * w8;
-        acc += sm_o[r][g][d] * w8;
-      }
-    }
-    const float val = lsum > 0.f ? acc * p.v_scale / lsum : 0.f;
-    const float lse = lsum > 0.f ? mx + __log2f(lsum) : fi::kNegInf;
-    const int h = qh0 + g;
-    if (part < 0) {
-      p.out[req * p.o_sb + h * p.o_sh + d] = fi::from_float<QT>(val);
-      if (p.lse != nullptr && d == 0) p.lse[int64_t(req) * p.hq + h] = lse;
-    } else {
-      p.part_o[(int64_t(part) * p.hq + h) * D + d] = val;
-      if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
-    }
-  }
+  fi_attn::store_merged<QT, D, GH, ROWS, NW * 32>(p, sm_o, sm_m, sm_l, req, qh0, part);
 }
 
 }  // namespace

@@ -150,6 +150,41 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
+// End of both decode kernels: combine the CTA's ROWS partial softmax states of each of its GH query
+// heads (o, running max m, sum l, exchanged through shared memory by the caller) and write the
+// normalised output and base-2 LSE, or the partial state of a split item (part >= 0). Every thread
+// of the CTA (THREADS of them) calls this after the barrier that publishes the arrays.
+template <typename QT, int D, int GH, int ROWS, int THREADS, typename P>
+__device__ __forceinline__ void store_merged(const P& p, const float (&sm_o)[ROWS][GH][D],
+                                             const float (&sm_m)[ROWS][GH], const float (&sm_l)[ROWS][GH],
+                                             int req, int qh0, int part) {
+  for (int e = threadIdx.x; e < GH * D; e += THREADS) {
+    const int g = e / D, d = e % D;
+    float mx = fi::kNegInf;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) mx = fmaxf(mx, sm_m[r][g]);
+    float lsum = 0.f, acc = 0.f;
+    if (mx != fi::kNegInf) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const float w = fi::exp2_approx(sm_m[r][g] - mx);
+        lsum += sm_l[r][g] * w;
+        acc += sm_o[r][g][d] * w;
+      }
+    }
+    const float val = lsum > 0.f ? acc * p.v_scale / lsum : 0.f;
+    const float lse = lsum > 0.f ? mx + __log2f(lsum) : fi::kNegInf;
+    const int h = qh0 + g;
+    if (part < 0) {
+      p.out[req * p.o_sb + h * p.o_sh + d] = fi::from_float<QT>(val);
+      if (p.lse != nullptr && d == 0) p.lse[int64_t(req) * p.hq + h] = lse;
+    } else {
+      p.part_o[(int64_t(part) * p.hq + h) * D + d] = val;
+      if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
+    }
+  }
+}
+
 // Page-table lookup of token t of a request whose pages start at indices[page_lo].
 template <typename P>
 __device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& off) {

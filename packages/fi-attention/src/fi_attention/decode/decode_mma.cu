@@ -95,10 +95,9 @@ struct MergeSmem {  // the epilogue's exchange of the NW warp states
   float o[NW][GH][D];
   float m[NW][GH], l[NW][GH];
 };
-constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variants 0-2 use static arrays only)
+constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variant 0 uses static arrays only)
     VARIANT != 3 ? 0 : RING_BYTES > int(sizeof(MergeSmem)) ? RING_BYTES : int(sizeof(MergeSmem));
-// 3 CTAs (12 warps) per SM; variant 2 holds two tiles in registers and runs 2. Variant 3 also
-// needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
+// 3 CTAs (12 warps) per SM. Variant 3 also needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
 // bound only caps registers; the planner reads the residency from the occupancy query).
 constexpr int CTAS_BY_SMEM = VARIANT == 3 ? 228 * 1024 / (SMEM_BYTES + 1024) : 3;
 constexpr int CTAS_PER_SM = CTAS_BY_SMEM < 3 ? CTAS_BY_SMEM : 3;
@@ -502,53 +501,16 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   }
   if (g < GH && c == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
   __syncthreads();
-  for (int e = threadIdx.x; e < GH * D; e += NW * 32) {
-    const int gg = e / D, d = e % D;
-    float mx = fi::kNegInf;
-#pragma unroll
-    for (int r = 0; r < NW; ++r) mx = fmaxf(mx, sm_m[r][gg]);
-    float lsum = 0.f, acc = 0.f;
-    if (mx != fi::kNegInf) {
-#pragma unroll
-      for (int r = 0; r < NW; ++r) {
-        const float wr = fi::exp2_approx(sm_m[r][gg] - mx);
-        lsum += sm_l[r][gg] * wr;
-        acc += sm_o[r][gg][d] * wr;
-      }
-    }
-    const float val = lsum > 0.f ? acc * p.v_scale / lsum : 0.f;
-    const float lse = lsum > 0.f ? mx + __log2f(lsum) : fi::kNegInf;
-    const int h = qh0 + gg;
-    if (part < 0) {
-      p.out[req * p.o_sb + h * p.o_sh + d] = fi::from_float<QT>(val);
-      if (p.lse != nullptr && d == 0) p.lse[int64_t(req) * p.hq + h] = lse;
-    } else {
-      p.part_o[(int64_t(part) * p.hq + h) * D + d] = val;
-      if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
-    }
-  }
+  fi_attn::store_merged<QT, D, GH, NW, NW * 32>(p, sm_o, sm_m, sm_l, req, qh0, part);
 }
 
 }  // namespace
-
-// Variant 3's dynamic shared memory beyond 48 KB needs the kernel attribute, once per device (the
-// call costs about a microsecond).
-static cudaError_t allow_smem() {
-  if constexpr (SMEM_BYTES <= 48 * 1024) return cudaSuccess;
-  static bool done[64] = {false};  // benign race: every thread sets the same attribute
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess || (dev >= 0 && dev < 64 && done[dev])) return err;
-  err = cudaFuncSetAttribute(decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-  if (err == cudaSuccess && dev >= 0 && dev < 64) done[dev] = true;
-  return err;
-}
 
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    FI_TRY(allow_smem());
+    FI_TRY(fi::set_max_dynamic_smem(decode_mma_kernel, SMEM_BYTES));
     decode_mma_kernel<<<grid, NW * 32, SMEM_BYTES, stream>>>(p);
     FI_TRY(cudaGetLastError());
   }
@@ -562,6 +524,6 @@ FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
 }
 
 FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
-  FI_TRY(allow_smem());
+  FI_TRY(fi::set_max_dynamic_smem(decode_mma_kernel, SMEM_BYTES));
   return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_mma_kernel, NW * 32, SMEM_BYTES));
 }
