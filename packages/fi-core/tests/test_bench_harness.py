@@ -42,3 +42,28 @@ def test_plot_writes_png(tmp_path):
     rows = [bench.BenchRow("r", f"cfg{i}", ours, baseline=("torch", ours)).metrics() for i in range(3)]
     path = bench.plot("r", rows, tmp_path / "r.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_apply_tuning_sets_given_options_and_clears_caches():
+    import functools
+    import types
+
+    from fi_core.bench import RoutineArgs, apply_tuning
+
+    calls = []
+
+    @functools.cache
+    def spec_fn(x):
+        calls.append(x)
+        return (x, mod.A, mod.B)
+
+    mod = types.SimpleNamespace(A=0, B=None, spec_fn=spec_fn)
+    names = {"a": "A", "b": "B"}
+    assert spec_fn(1) == (1, 0, None)
+    assert apply_tuning(RoutineArgs(options={}), mod, names, spec_fn) == ""
+    assert spec_fn(1) == (1, 0, None) and calls == [1]          # nothing given: cache kept
+    assert apply_tuning(RoutineArgs(options={"b": "3", "other": "x"}), mod, names, spec_fn) == " [b=3]"
+    assert (mod.A, mod.B) == (0, 3)
+    assert spec_fn(1) == (1, 0, 3) and calls == [1, 1]          # rebuilt with the new value
+    assert apply_tuning(RoutineArgs(options={"a": "2", "b": "4"}), mod, names, spec_fn) == " [a=2 b=4]"
+    assert spec_fn(1) == (1, 2, 4)

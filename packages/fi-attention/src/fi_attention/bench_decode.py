@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn, time_host
+from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn, time_host
 
 from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
                      single_decode_with_kv_cache)
+from .decode import spec as decode_spec_module
 from .reference import attention_reference, gather_paged_kv
 
 # (label, batch, kv_len, num_qo_heads, num_kv_heads, kv dtype, target_us) from shared/TARGETS.md
@@ -30,22 +31,6 @@ BATCH_CONFIGS = [
 ]
 QUICK = {"GQA 32/8 b64 kv4096", "GQA 32/8 b1 kv32768", "fp8e4m3 GQA 32/8 b128 kv8192"}
 PAGE, D = 16, 128
-
-
-def _apply_variant_option(args: RoutineArgs) -> str:
-    """``mma_variant=N`` rebuilds the tensor-core kernel with FI_MMA_VARIANT=N, ``mma_stages=N``
-    with FI_MMA_STAGES=N (variant 3's ring depth), for A/B runs."""
-    keys = [k for k in ("mma_variant", "mma_stages") if k in args.options]
-    if not keys:
-        return ""
-    from .decode import spec  # noqa: PLC0415
-
-    if "mma_variant" in args.options:
-        spec.MMA_VARIANT = int(args.options["mma_variant"])
-    if "mma_stages" in args.options:
-        spec.MMA_STAGES = int(args.options["mma_stages"])
-    spec.decode_mma_spec.cache_clear()
-    return " [" + " ".join(f"{k}={args.options[k]}" for k in keys) + "]"
 
 
 def _tables(batch, kv_len, dev):
@@ -93,7 +78,9 @@ def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:
          help="paged batch decode (page 16, NHD, head_dim 128) vs torch SDPA on contiguous KV")
 def batch_decode_routine(args: RoutineArgs):
     dev = args.device
-    suffix = _apply_variant_option(args)
+    # A/B: mma_variant=N / mma_stages=N build the tensor-core kernel with FI_MMA_VARIANT / FI_MMA_STAGES
+    suffix = apply_tuning(args, decode_spec_module, {"mma_variant": "MMA_VARIANT", "mma_stages": "MMA_STAGES"},
+                          decode_spec_module.decode_mma_spec)
     host = _host_times(dev)
     for label, batch, kv_len, hq, hkv, kv_dtype, target in BATCH_CONFIGS:
         if args.quick and label not in QUICK:

@@ -117,6 +117,25 @@ def routine(name: str, family: str, help: str = ""):
     return deco
 
 
+def apply_tuning(args: RoutineArgs, module, names: dict[str, str], *caches) -> str:
+    """A/B runs of compile-time tuning values: for each routine option in ``names`` (option ->
+    integer attribute of an op's ``spec`` module, e.g. ``{"fused_nv": "FUSED_NV"}``) that was given,
+    set the attribute and clear ``caches`` (the spec functions' ``functools.cache``) so the next call
+    builds that module. Returns the label suffix for the rows' config, "" when no option was given.
+
+    >>> apply_tuning(RoutineArgs(options={"fused_nv": "2"}), spec, {"fused_nv": "FUSED_NV"},
+    ...              spec.norm_spec)  # doctest: +SKIP
+    ' [fused_nv=2]'
+    """
+    given = [o for o in names if o in args.options]
+    for o in given:
+        setattr(module, names[o], int(args.options[o]))
+    if given:
+        for c in caches:
+            c.cache_clear()
+    return " [" + " ".join(f"{o}={args.options[o]}" for o in given) + "]" if given else ""
+
+
 def l2_bytes(device=None) -> int:
     try:
         from .arch import device_info  # noqa: PLC0415

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
 
 from .activation import gelu_and_mul, silu_and_mul
 from .activation.reference import act_and_mul_reference
 from .norm import fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
+from .norm import spec as norm_spec_module
 from .norm.reference import fused_add_rmsnorm_reference, layernorm_reference, rmsnorm_reference
 
 DT = torch.bfloat16
@@ -86,12 +87,9 @@ def _torch_fused(x, r, w, eps=1e-6):
          help="fused_add_rmsnorm 8192x8192 bf16 (in place) vs eager torch add + F.rms_norm")
 def bench_fused_add_rmsnorm(args: RoutineArgs):
     dev = torch.device(args.device)
-    config = f"{TOKENS}x{HIDDEN} bf16"
-    if "fused_nv" in args.options:  # A/B: vectors per thread of the fused kernel
-        from .norm import spec  # noqa: PLC0415
-        spec.FUSED_NV = int(args.options["fused_nv"])
-        spec.norm_spec.cache_clear()
-        config += f" [fused_nv={spec.FUSED_NV}]"
+    # A/B: fused_nv=N builds the kernel with FI_FUSED_NV=N (vectors per thread it starts from)
+    config = f"{TOKENS}x{HIDDEN} bf16" + apply_tuning(args, norm_spec_module, {"fused_nv": "FUSED_NV"},
+                                                       norm_spec_module.norm_spec)
     x, r, w = _x((TOKENS, HIDDEN), dev, 0), _x((TOKENS, HIDDEN), dev, 1), _x((HIDDEN,), dev, 2)
     want_x, want_r = fused_add_rmsnorm_reference(x, r, w)
     fused_add_rmsnorm(x, r, w)

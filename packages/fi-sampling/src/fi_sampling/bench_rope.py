@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
 
 from .rope import apply_rope_pos_ids, apply_rope_with_cos_sin_cache_inplace
+from .rope import spec as rope_spec_module
 from .rope.reference import cos_sin_from_positions, rope_frequencies, rope_reference
 
 NNZ, HQ, HK, D = 8192, 32, 8, 128
@@ -60,12 +61,9 @@ def _bytes(cache_rows: bool) -> float:
          help="in-place RoPE from a float32 cos/sin cache vs eager torch")
 def bench_rope_cos_sin_cache_inplace(args: RoutineArgs):
     dev = torch.device(args.device)
-    config = f"nnz={NNZ} heads={HQ}/{HK} d={D} bf16 neox"
-    if "variant" in args.options:  # A/B: shape of the cos/sin-cache kernel (FI_ROPE_CACHE_VARIANT)
-        from .rope import spec  # noqa: PLC0415
-        spec.CACHE_VARIANT = int(args.options["variant"])
-        spec.rope_spec.cache_clear()
-        config += f" [variant={spec.CACHE_VARIANT}]"
+    # A/B: variant=N builds the cos/sin-cache kernel with FI_ROPE_CACHE_VARIANT=N
+    config = f"nnz={NNZ} heads={HQ}/{HK} d={D} bf16 neox" + apply_tuning(
+        args, rope_spec_module, {"variant": "CACHE_VARIANT"}, rope_spec_module.rope_spec)
     freqs = rope_frequencies(D, 1.0, 1e4, device=dev)
     cos, sin = cos_sin_from_positions(torch.arange(MAX_POS, device=dev), freqs)
     cache = torch.cat((cos, sin), dim=1).contiguous()
