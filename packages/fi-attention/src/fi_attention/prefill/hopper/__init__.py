@@ -16,8 +16,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import knobs
-from fi_core import arch_of, current_stream, load
+from fi_core import arch_of, current_stream, knobs, load
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec
