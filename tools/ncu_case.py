@@ -5,8 +5,9 @@
         python3 tools/ncu_case.py decode_b128
 
 Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192),
-prefill_paged (fa3 16 x 2048 causal, page 16). Each call is checked nowhere: the bench routines
-and GPU tests check these shapes; this script only launches them.
+prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
+prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone). Each call is checked
+nowhere: the bench routines and GPU tests check these shapes; this script only launches them.
 """
 
 from __future__ import annotations
@@ -46,11 +47,35 @@ def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16):
     return lambda: w.run(q, cache)
 
 
+def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
+    from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper  # noqa: PLC0415
+
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * length
+    q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch * length, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+                                             backend="fa3")
+    w.plan(indptr, indptr, hq, hkv, d, causal=True, q_data_type=torch.bfloat16)
+    return lambda: w.run(q, k, v)
+
+
+def _prefill_full(length=4096, hq=32, hkv=8, d=128):
+    from fi_attention.prefill import single_prefill_with_kv_cache  # noqa: PLC0415
+
+    q = torch.randn(length, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(length, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    return lambda: single_prefill_with_kv_cache(q, k, v, causal=False, backend="fa3")
+
+
 CASES = {
     "decode_b128": lambda: _decode(128, 8192),
     "decode_b1": lambda: _decode(1, 32768),
     "decode_fp8": lambda: _decode(128, 8192, torch.float8_e4m3fn),
     "prefill_paged": _prefill_paged,
+    "prefill_ragged": _prefill_ragged,
+    "prefill_full": _prefill_full,
 }
 
 
