@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Time batch decode of one shape for several split sizes (FlashInfer's ``fixed_split_size``, in
+pages) next to the planner's own choice, on the GPU machine:
+
+    python3 tools/decode_split_sweep.py [--batch 1] [--kv 32768] [--splits 8,16,21,32,42,64]
+
+Prints one line per split: work items, CTAs, median us. Tells whether the planner's cost model
+(decode/planner.py) picks the fastest chunk for small batches on long contexts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper
+from fi_core.bench import rotating_inputs, time_fn
+
+PAGE, D, HQ, HKV = 16, 128, 32, 8
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--kv", type=int, default=32768)
+    ap.add_argument("--splits", default="8,16,21,32,42,64,128")
+    a = ap.parse_args()
+    dev = "cuda"
+    pages = -(-a.kv // PAGE)
+    indptr = torch.arange(a.batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(a.batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((a.batch,), a.kv - (pages - 1) * PAGE, dtype=torch.int32)
+
+    def make(i):
+        g = torch.Generator(device=dev).manual_seed(100 + i)
+        cache = torch.randn(a.batch * pages, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+        return torch.randn(a.batch, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
+
+    sets = rotating_inputs(make, dev)
+    out = torch.empty(a.batch, HQ, D, dtype=torch.bfloat16, device=dev)
+    ref = None
+    for split in [None, *[int(s) for s in a.splits.split(",")]]:
+        w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev))
+        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, fixed_split_size=split)
+        w.run(*sets[0], out=out)
+        if ref is None:
+            ref = out.clone()
+        err = (out.float() - ref.float()).abs().max().item()
+        t = time_fn(lambda q, c, w=w: w.run(q, c, out=out), sets)
+        label = "planner" if split is None else f"{split} pages"
+        print(f"b{a.batch} kv{a.kv} {label:>10}: items {w._plan.num_items:5d} chunk {w._plan.chunk:6d} "
+              f"median {t.median_us:8.2f} us (min {t.min_us:.2f})  max|diff| vs planner {err:.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
