@@ -164,3 +164,57 @@ def test_backend_reasons_per_arch(arch):
     specs = api.MM_BF16.specs(a)
     assert len(specs) == (3 if arch == "9.0a" else 1)
     assert all(s.arch == a for s in specs)
+
+
+def test_fp8_large_config_is_switchable(monkeypatch):
+    """spec.FP8_LARGE picks the fp8 large-class unit (A/B runs switch it); nothing else moves."""
+    from fi_gemm.dense import spec
+
+    assert spec.sm90_config(e4m3, 8192, 8192) == "large"
+    monkeypatch.setattr(spec, "FP8_LARGE", "t128x192_c1x1")
+    assert spec.sm90_config(e4m3, 8192, 8192) == "t128x192_c1x1"
+    assert spec.sm90_config(e5m2, 300, 64) == "t128x192_c1x1"
+    assert spec.sm90_config(e4m3, 256, 8192) == "mid"
+    assert spec.sm90_config(bf16, 8192, 8192) == "large"
+
+
+def test_fp8_candidate_specs_are_distinct_units():
+    from fi_core import Arch
+    from fi_gemm.dense import spec
+
+    a = Arch.parse("9.0a")
+    cands = spec.fp8_candidate_specs(a)
+    assert [s.name.rsplit("bf16_", 1)[1] for s in cands] == [
+        c for c in spec.CONFIGS_FP8 if c not in ("large", "mid")]
+    keys = {s.key() for s in cands} | {spec.gemm_sm90_spec(e4m3, e4m3, bf16, "large", a).key()}
+    assert len(keys) == len(cands) + 1
+    for name, c in spec.CONFIGS_FP8.items():
+        assert c.name == name and c.tile_k == 128 and c.swizzle in (1, 2, 4, 8)
+        assert c.raster in (0, 1, 2) and c.promotion % (c.tile_k // 32) == 0
+    # 16-bit inputs have no promotion in their mainloop: the define says so
+    assert dict(spec.gemm_sm90_spec(bf16, bf16, bf16, "large", a).defines)["FI_PROMOTION"] == "0"
+    assert dict(spec.gemm_sm90_spec(e4m3, e4m3, bf16, "large", a).defines)["FI_PROMOTION"] == "4"
+
+
+def test_bench_config_option_parsing_and_restore():
+    from fi_core.bench import RoutineArgs
+    from fi_gemm.dense import spec
+    from fi_gemm.dense.bench import config_choices, with_config
+
+    table = spec.CONFIGS_FP8
+    assert config_choices(RoutineArgs(options={}), "fp8_large", table) == []
+    got = config_choices(RoutineArgs(options={"fp8_large": "large+t128x128_c1x1"}), "fp8_large", table)
+    assert got == ["large", "t128x128_c1x1"]
+    with pytest.raises(InputError, match="t128x128_c1x2"):
+        config_choices(RoutineArgs(options={"fp8_large": "nope"}), "fp8_large", table)
+    assert list(with_config(spec, "FP8_LARGE", "fp8_large", [])) == [""]
+    seen = []
+    for suffix in with_config(spec, "FP8_LARGE", "fp8_large", got):
+        seen.append((suffix, spec.FP8_LARGE))
+    assert seen == [(" [fp8_large=large]", "large"), (" [fp8_large=t128x128_c1x1]", "t128x128_c1x1")]
+    assert spec.FP8_LARGE == "large"
+    gen = with_config(spec, "FP8_LARGE", "fp8_large", ["t128x192_c2x1", "large"])
+    next(gen)
+    assert spec.FP8_LARGE == "t128x192_c2x1"
+    gen.close()  # a routine that stops early (a failed row) still restores the default
+    assert spec.FP8_LARGE == "large"

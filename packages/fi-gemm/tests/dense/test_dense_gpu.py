@@ -12,6 +12,7 @@ import torch
 from fi_core import arch_of, load_many, testing
 from fi_gemm import bmm_bf16, bmm_fp8, mm_bf16
 from fi_gemm.dense import api
+from fi_gemm.dense import spec as dense_spec
 from fi_gemm.dense.reference import gemm_reference
 from fi_gemm.warm import gpu_test_specs
 
@@ -133,6 +134,36 @@ def test_bmm_fp8_mixed_e5m2_fp16_out_batched(m):
     A, W, sa, sb = _fp8_operands(2, m, 512, 768, e4m3, e5m2, seed=40)
     out = bmm_fp8(A, W.transpose(-2, -1), sa, sb, f16)
     testing.assert_close(out, gemm_reference(A, W, f16, None, sa, sb), dtype=f16)
+
+
+# A/B candidates for the fp8 large class (CONFIGS_FP8 beyond the defaults), each switched in through
+# spec.FP8_LARGE as the benchmark's fp8_large option does (monkeypatch restores it). One shape
+# covers every residue: M = 320 is 3 M tiles, the last half full, so a 2x1 cluster has a CTA with
+# no rows at all; N = 1088 is 9 N tiles of 128 (the same for 1x2 clusters), 6 of 192, the last
+# partial either way; K = 1152 is 9 K tiles (a promotion residue at interval 8) and K = 8192 the
+# benchmark's depth, where the promotion interval decides accuracy.
+FP8_CANDIDATES = [c for c in dense_spec.CONFIGS_FP8 if c not in ("large", "mid")]
+
+
+@pytest.fixture(scope="module")
+def _fp8_candidates():
+    arch = arch_of(torch.device(DEV))
+    if arch.cc != 90:
+        pytest.skip("the CUTLASS units need sm_90a")
+    load_many(dense_spec.fp8_candidate_specs(arch))
+
+
+@pytest.mark.parametrize("k", [1152, 8192])
+@pytest.mark.parametrize("config", FP8_CANDIDATES)
+def test_bmm_fp8_large_candidates(config, k, monkeypatch, _fp8_candidates):
+    monkeypatch.setattr(dense_spec, "FP8_LARGE", config)
+    m, n = 320, 1088
+    A, W, sa, sb = _fp8_operands(1, m, n, k, e4m3, e4m3, seed=80 + k)
+    out = testing.empty_poisoned((1, m, n), bf16, DEV)
+    bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16, out=out)
+    testing.assert_close(out, gemm_reference(A, W, bf16, None, sa, sb), dtype=bf16)
+    used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
+    assert f"gemm_sm90_e4m3_e4m3_bf16_{config}" in used, f"{config} did not run: {sorted(used)}"
 
 
 @pytest.mark.parametrize("m", [4, 100, 512])  # gemv, stream-K mid, large

@@ -12,6 +12,8 @@ from fi_core import arch_of, load_many, testing
 from fi_gemm.warm import gpu_test_specs
 from fi_gemm import (gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise, quantize_fp8_block,
                      quantize_fp8_per_token_group)
+from fi_gemm.fp8 import groupwise
+from fi_gemm.fp8 import spec as fp8_spec
 from fi_gemm.fp8.reference import groupwise_reference
 
 pytestmark = testing.gpu_only()
@@ -64,3 +66,37 @@ def test_group_gemm_fp8_nt_groupwise(lens):
         if r1 > r0:
             ref = groupwise_reference(a[r0:r1], b[g], sa.T[r0:r1], sb[g].T, torch.float32)
             testing.assert_close(out[r0:r1].float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
+
+
+# A/B candidates of the CUTLASS blockwise unit for M > 256 (BLOCKWISE_CONFIGS beyond "default"),
+# switched in through spec.BLOCKWISE_LARGE as the benchmark's blockwise_large option does. M = 320
+# is 3 M tiles, the last half full (a 2x1 cluster with an empty CTA); N = 1088 is 9 N tiles, the
+# last half full (an empty CTA in a 1x2 cluster) and a partial 128-row weight scale block;
+# K = 1152 is 9 scale blocks.
+BLOCKWISE_CANDIDATES = [c for c in fp8_spec.BLOCKWISE_CONFIGS if c != "default"]
+
+
+@pytest.fixture(scope="module")
+def _blockwise_candidates():
+    arch = arch_of(torch.device(DEV))
+    if arch.cc != 90:
+        pytest.skip("the CUTLASS units need sm_90a")
+    load_many(fp8_spec.blockwise_candidate_specs(arch))
+
+
+@pytest.mark.parametrize("config", BLOCKWISE_CANDIDATES)
+def test_gemm_fp8_nt_groupwise_large_candidates(config, monkeypatch, _blockwise_candidates):
+    monkeypatch.setattr(fp8_spec, "BLOCKWISE_LARGE", config)
+    loaded = []  # the units the dispatch asked for: proof that the candidate ran
+    real_load = groupwise.load
+    monkeypatch.setattr(groupwise, "load", lambda spec: loaded.append(spec.name) or real_load(spec))
+    m, n, k = 320, 1088, 1152
+    a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=90),
+                                         scale_major_mode="MN")
+    b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=91),
+                               scale_major_mode="MN")
+    out = testing.empty_poisoned((m, n), bf16, DEV)
+    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN", out=out)
+    ref = groupwise_reference(a, b, sa.T, sb.T, torch.float32)
+    testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
+    assert loaded == [f"gemm_blockwise_sm90_e4m3_e4m3_bf16_{config}"], loaded

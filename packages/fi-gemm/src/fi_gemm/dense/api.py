@@ -9,7 +9,8 @@ row-major [n, k] weight viewed transposed). Backends, in preference order:
 
 - ``gemv``: weight-streaming tensor-core kernel for M <= 16 (decode), sm_80+ (fp8: sm_89+);
 - ``cutlass_sm90``: CUTLASS 3.x TMA warp-specialised persistent GEMM, one tile config per shape
-  class (``spec.shape_class``), sm_90a;
+  class (``spec.sm90_config``: ``spec.shape_class``, fp8's large class through ``spec.FP8_LARGE``),
+  sm_90a;
 - ``torch``: cuBLAS through torch.matmul for 16-bit inputs no kernel of ours takes (M > 16 off
   Hopper until the sm_80 tile kernel lands; rows TMA cannot load);
 - ``reference``: fp32 torch math (CPU always; fp8 on CUDA when no kernel fits).
@@ -26,7 +27,7 @@ from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, regi
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .reference import gemm_reference
-from .spec import FP8, gemm_sm90_spec, gemv_spec, shape_class
+from .spec import FP8, gemm_sm90_spec, gemv_spec, sm90_config
 
 _16BIT = (torch.bfloat16, torch.float16)
 _OUT = (torch.bfloat16, torch.float16)
@@ -160,16 +161,15 @@ def _workspace(mod, m: int, n: int, k: int, batch: int, device: torch.device,
     return buf.data_ptr(), buf.numel()
 
 
-def _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend):
+def _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend):
     """(backend name, module or None) for a call class; memoised by the caller so the hot path
-    is one dict lookup (no registry walk, no spec hashing)."""
+    is one dict lookup (no registry walk, no spec hashing). `config` names the CUTLASS unit."""
     name = _OPS[op_name].choose(dev, a.dtype, requested=backend, m=M, n=N, k=K, k_ok=k_ok,
                                 d_ok=d_ok, fp8=a.dtype in FP8).name
     if name == "gemv":
         return name, load(gemv_spec(a.dtype, w.dtype, out.dtype, arch_of(dev)))
     if name == "cutlass_sm90":
-        return name, load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, shape_class(M, N, L),
-                                         arch_of(dev)))
+        return name, load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, config, arch_of(dev)))
     return name, None
 
 
@@ -188,11 +188,14 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
         return
     st = _strides(a, w, out)
     k_ok, d_ok = _k_ok(a, w, st), _d_ok(out, bias, st)
-    key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, shape_class(M, N, L),
-           k_ok, d_ok, backend)
+    # Keyed by the resolved unit name (not the shape class): switching spec.FP8_LARGE for an A/B
+    # run picks the other unit on the next call instead of a stale memo.
+    config = sm90_config(a.dtype, M, N, L)
+    key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, config, k_ok, d_ok, backend)
     plan = _CHOICE.get(key)
     if plan is None:
-        plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, k_ok, d_ok, backend)
+        plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok,
+                                    backend)
     name, mod = plan
     if mod is None:
         if name == "torch":

@@ -3,6 +3,10 @@
 Each config checks our result against the fp32 reference first, then times ours and the torch
 baseline (cuBLAS through torch.matmul / torch._scaled_mm) in the same run on L2-rotated inputs.
 Targets: shared/TARGETS.md (GEMM table).
+
+A/B of the fp8 large-class unit: ``--option fp8_large=NAME`` (a key of ``spec.CONFIGS_FP8``) runs
+the M > 256 rows with that unit, ``fp8_large=large+t128x192_c1x1+...`` runs them once per name in
+the same process against the same baseline; those rows' config gets a `` [fp8_large=NAME]`` suffix.
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
+from fi_core.errors import InputError
 
+from . import api as dense_api
+from . import spec as dense_spec
 from .api import bmm_fp8, mm_bf16
 from .reference import gemm_reference
 
@@ -27,10 +34,65 @@ def _check(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     testing.assert_close(got, ref, dtype=got.dtype, msg=f"{what}: ")
 
 
+def _check_fp8(a, w, sa, sb, ref, what: str) -> None:
+    _check(bmm_fp8(a[None], w.T[None], sa, sb, torch.bfloat16)[0], ref, what)
+
+
+def config_choices(args: RoutineArgs, option: str, table: dict) -> list[str]:
+    """Unit names an A/B run asked for with ``--option OPTION=NAME[+NAME...]``, each a key of
+    `table`; [] when the option was not given. (fi_core.bench.apply_tuning sets integer tuning
+    values; these options name a whole tile config, so they are resolved here.)"""
+    if option not in args.options:
+        return []
+    names = [v for v in args.options[option].split("+") if v]
+    unknown = [v for v in names if v not in table]
+    if unknown or not names:
+        raise InputError(f"{option} must name one or more ('+'-joined) of {sorted(table)}, "
+                         f"got {args.options[option]!r}")
+    return names
+
+
+def checked(ab_label: str, check, *args) -> bool:
+    """Run check(*args), a reference check. In an A/B run (`ab_label`: the candidate's row label)
+    a candidate that fails it (wrong result, or a unit CUTLASS rejects) is reported on stdout and
+    not timed, so the other candidates' rows survive; otherwise a failure propagates as usual."""
+    if not ab_label:
+        check(*args)
+        return True
+    try:
+        check(*args)
+    except Exception as exc:  # reported here; the candidate gets no row
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"{ab_label}: not timed, {type(exc).__name__}: {first}", flush=True)
+        return False
+    return True
+
+
+def with_config(module, attr: str, option: str, names: list[str]):
+    """For each name: set module.attr to it and yield the rows' label suffix; the attribute is
+    restored afterwards. With no names, one pass with the default and no suffix."""
+    if not names:
+        yield ""
+        return
+    saved = getattr(module, attr)
+    try:
+        for name in names:
+            setattr(module, attr, name)
+            yield f" [{option}={name}]"
+    finally:
+        setattr(module, attr, saved)
+
+
 @routine("mm_bf16", family="fi-gemm", help="bf16 GEMM A[M,K] x W[N,K]^T vs torch.matmul (cuBLAS)")
 def mm_bf16_routine(args: RoutineArgs):
     dev = args.device
     configs = MM_CONFIGS[2:] if args.quick else MM_CONFIGS
+    # A/B of the weight-streaming kernel: u8=N / u16=N (spec.GEMV_U8 / GEMV_U16) build it with
+    # that many K steps in flight; only the M <= 16 rows run then, labelled with the suffix.
+    gemv_tuning = apply_tuning(args, dense_spec, {"u8": "GEMV_U8", "u16": "GEMV_U16"}, dense_spec.gemv_spec)
+    if gemv_tuning:
+        dense_api._CHOICE.clear()  # the dispatch memo holds the default unit's module
+        configs = [c for c in configs if c[0] <= 16]
     for m, n, k, target in configs:
         def make(i, m=m, n=n, k=k):
             a = testing.randn((m, k), torch.bfloat16, dev, seed=2 * i)
@@ -41,7 +103,7 @@ def mm_bf16_routine(args: RoutineArgs):
         _check(mm_bf16(a, w.T), gemm_reference(a, w, torch.bfloat16), f"mm_bf16 {m}x{n}x{k}")
         ours = time_fn(lambda a, w: mm_bf16(a, w.T), sets)
         base = time_fn(lambda a, w: torch.matmul(a, w.T), sets)
-        yield BenchRow("mm_bf16", f"M={m} N={n} K={k} bf16", ours,
+        yield BenchRow("mm_bf16", f"M={m} N={n} K={k} bf16{gemv_tuning}", ours,
                        bytes=2.0 * (m * k + n * k + m * n), flops=2.0 * m * n * k,
                        baseline=("torch.matmul", base), target_us=target,
                        backend="gemv" if m <= 16 else "cutlass_sm90")
@@ -50,6 +112,7 @@ def mm_bf16_routine(args: RoutineArgs):
 @routine("bmm_fp8", family="fi-gemm", help="fp8 e4m3 per-tensor GEMM vs torch._scaled_mm")
 def bmm_fp8_routine(args: RoutineArgs):
     dev = args.device
+    large = config_choices(args, "fp8_large", dense_spec.CONFIGS_FP8)
     sa = torch.tensor([0.5], device=dev)
     sb = torch.tensor([0.02], device=dev)
     for m, n, k, target in FP8_CONFIGS:
@@ -59,11 +122,16 @@ def bmm_fp8_routine(args: RoutineArgs):
             return a, w
         sets = rotating_inputs(make, dev)
         a, w = sets[0]
-        got = bmm_fp8(a[None], w.T[None], sa, sb, torch.bfloat16)[0]
-        _check(got, gemm_reference(a, w, torch.bfloat16, None, sa, sb), f"bmm_fp8 {m}x{n}x{k}")
-        ours = time_fn(lambda a, w: bmm_fp8(a[None], w.T[None], sa, sb, torch.bfloat16), sets)
-        base = time_fn(lambda a, w: torch._scaled_mm(a, w.T, sa, sb, out_dtype=torch.bfloat16), sets)
-        yield BenchRow("bmm_fp8", f"M={m} N={n} K={k} e4m3->bf16", ours,
-                       bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
-                       baseline=("torch._scaled_mm", base), target_us=target,
-                       backend="gemv" if m <= 16 else "cutlass_sm90")
+        ref = gemm_reference(a, w, torch.bfloat16, None, sa, sb)
+        is_large = dense_spec.shape_class(m, n) == "large"
+        for suffix in with_config(dense_spec, "FP8_LARGE", "fp8_large", large if is_large else []):
+            what = f"bmm_fp8 {m}x{n}x{k}{suffix}"
+            if not checked(suffix and what, _check_fp8, a, w, sa, sb, ref, what):
+                continue
+            ours = time_fn(lambda a, w: bmm_fp8(a[None], w.T[None], sa, sb, torch.bfloat16), sets)
+            base = time_fn(lambda a, w: torch._scaled_mm(a, w.T, sa, sb, out_dtype=torch.bfloat16),
+                           sets)
+            yield BenchRow("bmm_fp8", f"M={m} N={n} K={k} e4m3->bf16{suffix}", ours,
+                           bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
+                           baseline=("torch._scaled_mm", base), target_us=target,
+                           backend="gemv" if m <= 16 else "cutlass_sm90")

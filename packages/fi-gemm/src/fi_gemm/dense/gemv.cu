@@ -305,15 +305,25 @@ cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t
 // Picks the instantiation: NT = token tiles of 8 (M <= 8 or <= 16); two 16-row slabs per CTA
 // halve the activation re-reads once there are enough CTAs for every SM, else one slab per CTA
 // keeps all SMs streaming; U = steps in flight, bounded by the 128-register budget.
+// FI_GEMV_U8 / FI_GEMV_U16: U of the unscaled one-slab instantiations (M <= 8 / M <= 16), the
+// shapes of N = 4096 decode layers; the bench routine mm_bf16's options u8=N / u16=N build others
+// for A/B. The block-scaled ones keep U = 4: their per-step scale registers spill above it.
+#ifndef FI_GEMV_U8
+#define FI_GEMV_U8 4
+#endif
+#ifndef FI_GEMV_U16
+#define FI_GEMV_U16 4
+#endif
 template <bool BLOCK>
 cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
                      cudaStream_t stream) {
+  constexpr int kU8 = BLOCK ? 4 : FI_GEMV_U8, kU16 = BLOCK ? 4 : FI_GEMV_U16;
   const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
   if (max_m <= 8)
     return two_slabs ? launch<1, 2, 3, BLOCK>(p, l, tiles_y, stream)
-                     : launch<1, 1, 4, BLOCK>(p, l, tiles_y, stream);
+                     : launch<1, 1, kU8, BLOCK>(p, l, tiles_y, stream);
   return two_slabs ? launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream)
-                   : launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
+                   : launch<2, 1, kU16, BLOCK>(p, l, tiles_y, stream);
 }
 
 bool aligned16(const void* a, const void* b) {

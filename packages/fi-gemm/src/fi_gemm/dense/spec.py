@@ -35,6 +35,9 @@ class TileConfig:
     cluster_n: int = 1
     pingpong: bool = False
     streamk: bool = False
+    swizzle: int = 1    # persistent scheduler's max swizzle size: 1, 2, 4 or 8
+    raster: int = 0     # tile order: 0 CUTLASS's heuristic, 1 along M, 2 along N
+    promotion: int = 4  # fp8 only: wgmma K-steps (32 deep) between fp32 promotions
 
 
 # Shape classes. "large": 128x256 cooperative with a 2x1 cluster multicasting W across the two
@@ -51,7 +54,32 @@ CONFIGS_16BIT = {
 CONFIGS_FP8 = {
     "large": TileConfig("large", 128, 128, 128, 2, 1),
     "mid": TileConfig("mid", 128, 128, 128, 1, 1, streamk=True),
+    # A/B candidates for the large class (not used unless FP8_LARGE names one). 8192^2 in 128x128
+    # tiles is 4096 tiles = 31 waves of 132 SMs + 4 tiles; 128x192 makes it 64 x 43 = 2752 tiles
+    # (20.8 waves, the last N tile 128 of 192 wide) with 96 + 96 accumulator registers per
+    # consumer thread.
+    "t128x192_c1x1": TileConfig("t128x192_c1x1", 128, 192, 128, 1, 1),
+    "t128x192_c2x1": TileConfig("t128x192_c2x1", 128, 192, 128, 2, 1),
+    # Cluster shape: 1x2 multicasts A across two N tiles instead of W across two M tiles.
+    "t128x128_c1x2": TileConfig("t128x128_c1x2", 128, 128, 128, 1, 2),
+    "t128x128_c1x1": TileConfig("t128x128_c1x1", 128, 128, 128, 1, 1),
+    # Unswizzled, one wave of 66 2x1 clusters sweeps all 64 N tiles (all of W: 64 MB at
+    # N = K = 8192, more than L2) for 2-3 M bands; swizzle 8 walks bands of 8 clusters along M.
+    "t128x128_c2x1_sw8": TileConfig("t128x128_c2x1_sw8", 128, 128, 128, 2, 1, swizzle=8),
+    # Promote every 8 wgmma K-steps (256 of K) instead of 4: half the FADDs and wgmma waits per
+    # K tile; accuracy at K = 8192 is what the GPU test and the benchmark's check decide.
+    "t128x128_c2x1_pi8": TileConfig("t128x128_c2x1_pi8", 128, 128, 128, 2, 1, promotion=8),
+    # The tile cuBLAS picks for torch._scaled_mm at 8192^3 on the H200 (kernel name
+    # nvjet_sm90_qqtst_144x128_128x6_1x2_..._coopA: 144 x 128 x 128, 6 stages, 1x2 cluster;
+    # tools/torch_kernels.py): 72 + 72 accumulator registers, 8192 / 144 = 57 N tiles.
+    "t128x144_c1x2": TileConfig("t128x144_c1x2", 128, 144, 128, 1, 2),
+    "t128x144_c1x2_pi8": TileConfig("t128x144_c1x2_pi8", 128, 144, 128, 1, 2, promotion=8),
+    "t128x192_c2x1_pi8": TileConfig("t128x192_c2x1_pi8", 128, 192, 128, 2, 1, promotion=8),
 }
+# Config of the fp8 "large" shape class. A module attribute read on every call, so an A/B run
+# (`flashinfer bench --routine bmm_fp8 --option fp8_large=NAME`, or a test) can switch it; the
+# dispatch memo is keyed by the resolved config name, so a switch never reuses another unit.
+FP8_LARGE = "large"
 
 GEMM_SM90_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64",
                   "i64", "i64", "i64", "i64", "i64", "ptr", "i64", "stream")
@@ -66,6 +94,21 @@ def shape_class(m: int, n: int, batch: int = 1) -> str:
     """Tile config per shape class: M <= 256 is W-streaming bound, more smaller tiles fill the
     SMs; above that the 128x256 tile has the best MMA-to-load ratio."""
     return "mid" if m <= 256 else "large"
+
+
+def sm90_config(a_dtype: torch.dtype, m: int, n: int, batch: int = 1) -> str:
+    """Name of the CUTLASS unit for this call: the shape class, with fp8's large class resolved
+    through FP8_LARGE."""
+    cls = shape_class(m, n, batch)
+    return FP8_LARGE if cls == "large" and a_dtype in FP8 else cls
+
+
+def fp8_candidate_specs(arch: Arch, out_dtype: torch.dtype = torch.bfloat16) -> list[KernelSpec]:
+    """e4m3 units of every fp8 config that is not a default (the A/B candidates), for
+    prebuilding and for their GPU test."""
+    e4m3 = torch.float8_e4m3fn
+    return [gemm_sm90_spec(e4m3, e4m3, out_dtype, c, arch) for c in CONFIGS_FP8
+            if c not in ("large", "mid")]
 
 
 @functools.cache
@@ -84,6 +127,11 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
             "FI_TILE_M": c.tile_m, "FI_TILE_N": c.tile_n, "FI_TILE_K": c.tile_k,
             "FI_CLUSTER_M": c.cluster_m, "FI_CLUSTER_N": c.cluster_n,
             "FI_PINGPONG": int(c.pingpong), "FI_STREAMK": int(c.streamk),
+            "FI_SWIZZLE": c.swizzle, "FI_RASTER": c.raster,
+            "FI_PROMOTION": c.promotion if a_dtype in FP8 else 0,
+            # wgmma N widths that are not multiples of 64 (144, ...) are behind this CuTe switch;
+            # without it the builder falls back to a 16-wide atom repeated across the tile.
+            **({"CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED": 1} if c.tile_n % 64 else {}),
         },
         entries=(Entry("fi_gemm_sm90", GEMM_SM90_ARGS),
                  Entry("fi_gemm_sm90_workspace", ("ptr", "i64", "i64", "i64", "i64"))),
@@ -92,16 +140,25 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
     )
 
 
+# A/B tuning of the weight-streaming kernel (mm_bf16 bench options u8=N / u16=N): U, the K steps
+# whose loads a thread issues before its first MMA, of the one-slab M <= 8 / M <= 16 units
+# (FI_GEMV_U8 / FI_GEMV_U16 in gemv.cu); 0 = the source's default.
+GEMV_U8 = 0
+GEMV_U16 = 0
+
+
 @functools.cache
 def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
               arch: Arch) -> KernelSpec:
     bias_dtype = a_dtype if a_dtype not in FP8 else out_dtype
+    tuning = {k: v for k, v in (("FI_GEMV_U8", GEMV_U8), ("FI_GEMV_U16", GEMV_U16)) if v}
+    suffix = "".join(f"_u{v}" if v else "_u-" for v in (GEMV_U8, GEMV_U16)) if tuning else ""
     return KernelSpec(
-        name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}",
+        name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}{suffix}",
         sources=(_HERE / "gemv.cu",),
         arch=arch,
         defines={"FI_TA": cuda_type(a_dtype), "FI_TW": cuda_type(w_dtype),
-                 "FI_TD": cuda_type(out_dtype), "FI_TBIAS": cuda_type(bias_dtype)},
+                 "FI_TD": cuda_type(out_dtype), "FI_TBIAS": cuda_type(bias_dtype), **tuning},
         entries=(Entry("fi_gemv", GEMV_ARGS), Entry("fi_gemv_segment", GEMV_SEGMENT_ARGS),
                  Entry("fi_gemv_blockscaled", GEMV_BLOCKSCALED_ARGS)),
         package="fi_gemm",

@@ -4,7 +4,11 @@
 
 Shapes: N = K = 4096 for M <= 4096; the M = 8192 row is N = K = 8192, the shape class TARGETS.md's
 M = 8192 figures (FlashInfer 976 us, torch 948 us) belong to (at N = K = 4096 they would mean
-282 TFLOP/s, against ~1160 TFLOP/s measured at M = 4096)."""
+282 TFLOP/s, against ~1160 TFLOP/s measured at M = 4096).
+
+A/B of the CUTLASS unit for M > 256: ``--option blockwise_large=NAME`` (a key of
+``spec.BLOCKWISE_CONFIGS``), or several joined by '+', runs those rows once per name in the same
+process against the same baseline; their config gets a `` [blockwise_large=NAME]`` suffix."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import torch
 from fi_core import testing
 from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
 
+from ..dense.bench import checked, config_choices, with_config
+from . import spec as fp8_spec
 from .groupwise import gemm_fp8_nt_groupwise
 from .quant import quantize_fp8_block, quantize_fp8_per_token_group
 from .reference import expand_scales, groupwise_reference
@@ -40,11 +46,18 @@ def _torch_baseline(a, b, sa, sb):
         return deq, "dequantise + torch.matmul"
 
 
+def _check(a, b, sa, sb, ref, what: str) -> None:
+    got = gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K")
+    k = a.shape[1]
+    testing.assert_close(got.float() / k ** 0.5, ref / k ** 0.5, dtype=torch.bfloat16, msg=f"{what}: ")
+
+
 @routine("gemm_fp8_nt_groupwise", family="fi-gemm",
          help="block-scaled fp8 GEMM (1x128 / 128x128) vs torch; N=K=4096 for M<=4096, "
               "N=K=8192 at M=8192")
 def groupwise_routine(args: RoutineArgs):
     dev = args.device
+    large = config_choices(args, "blockwise_large", fp8_spec.BLOCKWISE_CONFIGS)
     for m, n, k, target in CONFIGS[:3] if args.quick else CONFIGS:
         def make(i, m=m, n=n, k=k):
             a, sa = quantize_fp8_per_token_group(
@@ -54,14 +67,17 @@ def groupwise_routine(args: RoutineArgs):
             return a, b, sa, sb
         sets = rotating_inputs(make, dev)
         a, b, sa, sb = sets[0]
-        got = gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K")
         ref = groupwise_reference(a, b, sa, sb, torch.float32)
-        testing.assert_close(got.float() / k ** 0.5, ref / k ** 0.5, dtype=torch.bfloat16,
-                             msg=f"gemm_fp8_nt_groupwise M={m}: ")
-        ours = time_fn(lambda a, b, sa, sb: gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K"), sets)
         base_fn, base_name = _torch_baseline(a, b, sa, sb)
-        base = time_fn(base_fn, sets)
-        yield BenchRow("gemm_fp8_nt_groupwise", f"M={m} N={n} K={k} e4m3 1x128/128x128", ours,
-                       bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
-                       baseline=(base_name, base), target_us=target,
-                       backend="gemv" if m <= 16 else "cutlass_sm90")
+        names = large if fp8_spec.is_large(m) else []
+        for suffix in with_config(fp8_spec, "BLOCKWISE_LARGE", "blockwise_large", names):
+            what = f"gemm_fp8_nt_groupwise M={m}{suffix}"
+            if not checked(suffix and what, _check, a, b, sa, sb, ref, what):
+                continue
+            ours = time_fn(lambda a, b, sa, sb: gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K"),
+                           sets)
+            base = time_fn(base_fn, sets)
+            yield BenchRow("gemm_fp8_nt_groupwise", f"M={m} N={n} K={k} e4m3 1x128/128x128{suffix}",
+                           ours, bytes=1.0 * (m * k + n * k) + 2.0 * m * n, flops=2.0 * m * n * k,
+                           baseline=(base_name, base), target_us=target,
+                           backend="gemv" if m <= 16 else "cutlass_sm90")

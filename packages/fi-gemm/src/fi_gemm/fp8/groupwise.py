@@ -22,7 +22,7 @@ from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, regi
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
-from .spec import blockwise_sm90_spec
+from .spec import blockwise_config, blockwise_sm90_spec
 from .reference import groupwise_reference
 
 _OUT = (torch.bfloat16, torch.float16)
@@ -141,7 +141,9 @@ def _gemm_dispatch(out, a, b, sa, sb, backend) -> None:
             sfa = sfa.contiguous()
         if not sfb.is_contiguous() or sfb.data_ptr() % 16:
             sfb = sfb.contiguous()
-        mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, "default", arch_of(a.device)))
+        # Unit per call: spec.BLOCKWISE_LARGE (M > 256) is read each time so A/B runs can switch it.
+        mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, blockwise_config(m, n),
+                                       arch_of(a.device)))
         key = (id(mod), m, n, k)
         need = _WS_SIZE.get(key)
         if need is None:
