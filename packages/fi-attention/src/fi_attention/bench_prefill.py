@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
 
 HQ, HKV, D = 32, 8, 128
 # shared/TARGETS.md (TFLOP/s): default path, and the portable fa2-class path.
@@ -130,14 +130,10 @@ def ragged_routine(args: RoutineArgs):
 def paged_routine(args: RoutineArgs):
     from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
 
-    from .prefill.hopper import spec as sm90_spec  # noqa: PLC0415
-
     backend = args.options.get("backend", "auto")
     causal = args.options.get("causal", "1") == "1"
     batch, L = (4, 2048) if args.quick else (16, 2048)
-    ps = int(args.options.get("page", "16"))  # A/B: page=128 (one TMA box per KV tile on fa3)
-    # A/B: prefetch=0 builds the fa3 paged producer that loads page ids at the top of each KV tile
-    tuning = apply_tuning(args, sm90_spec, {"prefetch": "PAGE_PREFETCH"}, sm90_spec.prefill_sm90_spec)
+    ps = int(args.options.get("page", "16"))  # page=128: one TMA box per KV tile on fa3
     tile = _apply_tile_option(args)
     pages_per = L // ps
     qo_indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
@@ -164,7 +160,7 @@ def paged_routine(args: RoutineArgs):
     base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
     mask = "causal" if causal else "full"
-    config = f"{batch}x{L} page {ps} {mask} 32/8 d128 [{backend} {tile}]{tuning}"
+    config = f"{batch}x{L} page {ps} {mask} 32/8 d128 [{backend} {tile}]"
     yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", config, ours, flops=flops,
                    baseline=("torch SDPA (contiguous KV)", base), backend=backend,
                    target_us=_target_us("paged", L, flops, backend))

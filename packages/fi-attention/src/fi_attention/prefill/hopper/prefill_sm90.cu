@@ -45,11 +45,6 @@
 #ifndef FI_SOFTCAP
 #define FI_SOFTCAP 0
 #endif
-// Paged producer: load the page ids of the next KV tile one iteration ahead (1) or at the top of
-// each iteration (0, the round-2 kernel; kept for A/B runs: spec.PAGE_PREFETCH).
-#ifndef FI_PAGE_PREFETCH
-#define FI_PAGE_PREFETCH 1
-#endif
 
 namespace fi_hopper {
 using namespace cute;
@@ -370,34 +365,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
                           w.qo_start + w.m_block * kBlockM, p.q_heads_outer);
         }
         ++q_it;
-#if FI_PAGED
-        const int box_rows = min(p.page_size, kBlockN);
-        const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
-        const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
-        // Lane j's box of KV tile n: keys past the request's end (last tile) read its last page
-        // (they are masked anyway).
-        auto page_of = [&](int n) {
-          const int page_local = min((n * kBlockN + lane * box_rows) / p.page_size, num_pages - 1);
-          return lane < boxes ? p.kv_indices[w.kv_start + page_local] : 0;
-        };
-#if FI_PAGE_PREFETCH
-        // The page ids of tile n - 1 load while tile n's stages are awaited and issued: the id
-        // load's latency (an L2 round trip) leaves the producer's per-tile critical path.
-        int page_next = page_of(w.n_end - 1);
-#endif
-#endif
         for (int n = w.n_end - 1; n >= w.n_start; --n, ++kv_it) {
           const int s = kv_it % kStages;
           const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
 #if FI_PAGED
-#if FI_PAGE_PREFETCH
-          const int page = page_next;
-          if (n > w.n_start) page_next = page_of(n - 1);
-#else
-          const int page = page_of(n);
-#endif
+          const int box_rows = min(p.page_size, kBlockN);
+          const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
+          const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
+          // Keys past the request's end (last tile) read its last page; they are masked anyway.
           const int key0 = n * kBlockN + lane * box_rows;
+          const int page_local = min(key0 / p.page_size, num_pages - 1);
           const int in_page = key0 - (key0 / p.page_size) * p.page_size;
+          const int page = lane < boxes ? p.kv_indices[w.kv_start + page_local] : 0;
           const int c1 = p.heads_outer ? in_page : kv_head;
           const int c2 = p.heads_outer ? kv_head : in_page;
           // K first (its stage frees earlier), then V; expect_tx precedes every box of its barrier.

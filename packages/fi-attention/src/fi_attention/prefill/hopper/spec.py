@@ -35,11 +35,6 @@ PAGED_ENTRY = Entry(
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
-# A/B tuning (the paged bench routines' option prefetch=0|1): FI_PAGE_PREFETCH of paged modules,
-# None = the source's default (page ids loaded one KV tile ahead).
-PAGE_PREFETCH = None
-
-
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
 def kv_tile(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 80
@@ -56,11 +51,8 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
     arch = Arch.parse(arch)
     layout = "paged" if paged else "ragged"
     mask = "causal" if causal else "full"
-    extra, suffix = {}, ""
-    if paged and PAGE_PREFETCH is not None:
-        extra, suffix = {"FI_PAGE_PREFETCH": str(int(PAGE_PREFETCH))}, f"_pf{int(PAGE_PREFETCH)}"
     return KernelSpec(
-        name=f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}{suffix}",
+        name=f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}",
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
@@ -69,7 +61,6 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_CAUSAL": "1" if causal else "0",
             "FI_PAGED": "1" if paged else "0",
             "FI_SOFTCAP": "1" if softcap else "0",
-            **extra,
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
