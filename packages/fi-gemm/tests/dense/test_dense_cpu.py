@@ -171,9 +171,9 @@ def test_fp8_large_config_is_switchable(monkeypatch):
     from fi_gemm.dense import spec
 
     assert spec.sm90_config(e4m3, 8192, 8192) == "large"
-    monkeypatch.setattr(spec, "FP8_LARGE", "t128x192_c1x1")
-    assert spec.sm90_config(e4m3, 8192, 8192) == "t128x192_c1x1"
-    assert spec.sm90_config(e5m2, 300, 64) == "t128x192_c1x1"
+    monkeypatch.setattr(spec, "FP8_LARGE", "t128x192_c1x2_pi8")
+    assert spec.sm90_config(e4m3, 8192, 8192) == "t128x192_c1x2_pi8"
+    assert spec.sm90_config(e5m2, 300, 64) == "t128x192_c1x2_pi8"
     assert spec.sm90_config(e4m3, 256, 8192) == "mid"
     assert spec.sm90_config(bf16, 8192, 8192) == "large"
 
@@ -193,7 +193,7 @@ def test_fp8_candidate_specs_are_distinct_units():
         assert c.raster in (0, 1, 2) and c.promotion % (c.tile_k // 32) == 0
     # 16-bit inputs have no promotion in their mainloop: the define says so
     assert dict(spec.gemm_sm90_spec(bf16, bf16, bf16, "large", a).defines)["FI_PROMOTION"] == "0"
-    assert dict(spec.gemm_sm90_spec(e4m3, e4m3, bf16, "large", a).defines)["FI_PROMOTION"] == "4"
+    assert dict(spec.gemm_sm90_spec(e4m3, e4m3, bf16, "large", a).defines)["FI_PROMOTION"] == "8"
 
 
 def test_bench_config_option_parsing_and_restore():
@@ -203,15 +203,15 @@ def test_bench_config_option_parsing_and_restore():
 
     table = spec.CONFIGS_FP8
     assert config_choices(RoutineArgs(options={}), "fp8_large", table) == []
-    got = config_choices(RoutineArgs(options={"fp8_large": "large+t128x128_c1x1"}), "fp8_large", table)
-    assert got == ["large", "t128x128_c1x1"]
-    with pytest.raises(InputError, match="t128x128_c1x2"):
+    got = config_choices(RoutineArgs(options={"fp8_large": "large+t128x128_c2x1"}), "fp8_large", table)
+    assert got == ["large", "t128x128_c2x1"]
+    with pytest.raises(InputError, match="t128x192_c1x2_pi8"):
         config_choices(RoutineArgs(options={"fp8_large": "nope"}), "fp8_large", table)
     assert list(with_config(spec, "FP8_LARGE", "fp8_large", [])) == [""]
     seen = []
     for suffix in with_config(spec, "FP8_LARGE", "fp8_large", got):
         seen.append((suffix, spec.FP8_LARGE))
-    assert seen == [(" [fp8_large=large]", "large"), (" [fp8_large=t128x128_c1x1]", "t128x128_c1x1")]
+    assert seen == [(" [fp8_large=large]", "large"), (" [fp8_large=t128x128_c2x1]", "t128x128_c2x1")]
     assert spec.FP8_LARGE == "large"
     gen = with_config(spec, "FP8_LARGE", "fp8_large", ["t128x192_c2x1", "large"])
     next(gen)

@@ -130,17 +130,20 @@ def test_groupwise_backend_reasons():
     assert "M % 4" in by["cutlass_sm90"].reason("cuda", h, e4m3, dict(f, m=127))
     assert by["cutlass_sm90"].reason("cuda", Arch.parse("8.9"), e4m3, f) is not None
     assert by["gemv"].reason("cuda", h, e4m3, dict(f, m=1)) is None
-    assert len(gw.GEMM_FP8_GROUPWISE.specs(h)) == 2
+    assert len(gw.GEMM_FP8_GROUPWISE.specs(h)) == 3
 
 
 def test_blockwise_large_config_is_switchable(monkeypatch):
     from fi_core import Arch
     from fi_gemm.fp8 import spec
 
-    assert spec.blockwise_config(8192, 8192) == "default"
-    monkeypatch.setattr(spec, "BLOCKWISE_LARGE", "t128x128_c2x1")
-    assert spec.blockwise_config(8192, 8192) == "t128x128_c2x1"
-    assert spec.blockwise_config(256, 8192) == "default"
+    # by shape: weights over SWIZZLE_W_BYTES take the swizzled order, M <= 256 always "default"
+    assert spec.blockwise_config(8192, 8192, 8192) == "swizzled"
+    assert spec.blockwise_config(4096, 4096, 4096) == "default"
+    assert spec.blockwise_config(256, 8192, 8192) == "default"
+    monkeypatch.setattr(spec, "BLOCKWISE_LARGE", "t128x128_c2x1_sw8")
+    assert spec.blockwise_config(4096, 4096, 4096) == "t128x128_c2x1_sw8"
+    assert spec.blockwise_config(256, 8192, 8192) == "default"
     # every unit keeps one weight scale block per N tile (the mainloop's static requirement)
     assert all(c.tile_n % 128 == 0 and c.swizzle in (1, 2, 4, 8) for c in spec.BLOCKWISE_CONFIGS.values())
     names = [s.name for s in spec.blockwise_candidate_specs(Arch.parse("9.0a"))]

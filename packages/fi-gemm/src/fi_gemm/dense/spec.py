@@ -48,33 +48,31 @@ CONFIGS_16BIT = {
     "large": TileConfig("large", 128, 256, 64, 2, 1),
     "mid": TileConfig("mid", 128, 128, 64, 1, 1, streamk=True),
 }
-# fp8 keeps a second fp32 accumulator set (the mainloop promotes wgmma's partial sums every few
-# K steps, as torch._scaled_mm's default does), so a 128x256 tile needs 2 x 128 accumulator
-# registers per thread and spills (measured: 1.4 KB/thread); 128x128 fits in 168.
+# fp8 keeps a second fp32 accumulator set: CUTLASS's fp8 mainloop lets wgmma accumulate
+# `promotion` K-steps (32 deep each) and then adds the partial sums into fp32 registers, because
+# the tensor cores' fp8 accumulation is not full fp32 (never promoting broke bf16 tolerance at
+# K = 8192). A 128x256 tile needs 2 x 128 accumulator registers per thread and spills; 128x192
+# takes 96 + 96 of the consumers' 232. H200 A/B at 8192^3 (benchmarks/results/h200/
+# bmm_fp8_ab_tiles.json, each row against torch._scaled_mm timed right after it):
+#   128x128 2x1 cluster, promote every 4 (the round-1 unit)   1013.5 TFLOP/s  0.82x
+#   128x192 2x1, every 4                                        1163.2          0.92x
+#   128x128 2x1, every 8                                        1136.8          0.90x
+#   128x192 2x1, every 8 ("large")                              1204.0          0.95x
+# Promoting every 4 steps waits for all wgmmas in flight at every 128-deep K tile; every 8 halves
+# those waits. 128x144 with a 1x2 cluster (cuBLAS's tile for this shape; it needs CuTe's extended
+# wgmma shapes) reached 1040.8 / 1132.3, 128x128 swizzled 1071.9. The GPU tests check every unit
+# at K = 8192.
 CONFIGS_FP8 = {
-    "large": TileConfig("large", 128, 128, 128, 2, 1),
+    "large": TileConfig("large", 128, 192, 128, 2, 1, promotion=8),
     "mid": TileConfig("mid", 128, 128, 128, 1, 1, streamk=True),
-    # A/B candidates for the large class (not used unless FP8_LARGE names one). 8192^2 in 128x128
-    # tiles is 4096 tiles = 31 waves of 132 SMs + 4 tiles; 128x192 makes it 64 x 43 = 2752 tiles
-    # (20.8 waves, the last N tile 128 of 192 wide) with 96 + 96 accumulator registers per
-    # consumer thread.
-    "t128x192_c1x1": TileConfig("t128x192_c1x1", 128, 192, 128, 1, 1),
-    "t128x192_c2x1": TileConfig("t128x192_c2x1", 128, 192, 128, 2, 1),
-    # Cluster shape: 1x2 multicasts A across two N tiles instead of W across two M tiles.
-    "t128x128_c1x2": TileConfig("t128x128_c1x2", 128, 128, 128, 1, 2),
-    "t128x128_c1x1": TileConfig("t128x128_c1x1", 128, 128, 128, 1, 1),
-    # Unswizzled, one wave of 66 2x1 clusters sweeps all 64 N tiles (all of W: 64 MB at
-    # N = K = 8192, more than L2) for 2-3 M bands; swizzle 8 walks bands of 8 clusters along M.
-    "t128x128_c2x1_sw8": TileConfig("t128x128_c2x1_sw8", 128, 128, 128, 2, 1, swizzle=8),
-    # Promote every 8 wgmma K-steps (256 of K) instead of 4: half the FADDs and wgmma waits per
-    # K tile; accuracy at K = 8192 is what the GPU test and the benchmark's check decide.
-    "t128x128_c2x1_pi8": TileConfig("t128x128_c2x1_pi8", 128, 128, 128, 2, 1, promotion=8),
-    # The tile cuBLAS picks for torch._scaled_mm at 8192^3 on the H200 (kernel name
-    # nvjet_sm90_qqtst_144x128_128x6_1x2_..._coopA: 144 x 128 x 128, 6 stages, 1x2 cluster;
-    # tools/torch_kernels.py): 72 + 72 accumulator registers, 8192 / 144 = 57 N tiles.
-    "t128x144_c1x2": TileConfig("t128x144_c1x2", 128, 144, 128, 1, 2),
-    "t128x144_c1x2_pi8": TileConfig("t128x144_c1x2_pi8", 128, 144, 128, 1, 2, promotion=8),
-    "t128x192_c2x1_pi8": TileConfig("t128x192_c2x1_pi8", 128, 192, 128, 2, 1, promotion=8),
+    # A/B candidates for the large class (used only when FP8_LARGE names one): the round-1 unit,
+    # and the large unit with the other cluster shape (1x2 multicasts A across two N tiles instead
+    # of W across two M tiles) or a swizzled tile order (bands of 4 / 8 tiles, so one wave's CTAs
+    # share A and W rows in L2 instead of sweeping all of W: 64 MB at N = K = 8192).
+    "t128x128_c2x1": TileConfig("t128x128_c2x1", 128, 128, 128, 2, 1),
+    "t128x192_c1x2_pi8": TileConfig("t128x192_c1x2_pi8", 128, 192, 128, 1, 2, promotion=8),
+    "t128x192_c2x1_pi8_sw4": TileConfig("t128x192_c2x1_pi8_sw4", 128, 192, 128, 2, 1, swizzle=4, promotion=8),
+    "t128x192_c2x1_pi8_sw8": TileConfig("t128x192_c2x1_pi8_sw8", 128, 192, 128, 2, 1, swizzle=8, promotion=8),
 }
 # Config of the fp8 "large" shape class. A module attribute read on every call, so an A/B run
 # (`flashinfer bench --routine bmm_fp8 --option fp8_large=NAME`, or a test) can switch it; the

@@ -65,7 +65,7 @@ GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="gemm_fp8_nt_groupwise", family="fi-gemm", api="flashinfer.gemm.gemm_fp8_nt_groupwise",
     backends=_backends(grouped=False), stability="experimental",
     specs=lambda arch: ([gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else [])
-    + ([blockwise_sm90_spec(FP8[0], FP8[0], torch.bfloat16, "default", arch)]
+    + ([blockwise_sm90_spec(FP8[0], FP8[0], torch.bfloat16, c, arch) for c in ("default", "swizzled")]
        if arch.cc == 90 else [])))
 GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="group_gemm_fp8_nt_groupwise", family="fi-gemm",
@@ -141,8 +141,8 @@ def _gemm_dispatch(out, a, b, sa, sb, backend) -> None:
             sfa = sfa.contiguous()
         if not sfb.is_contiguous() or sfb.data_ptr() % 16:
             sfb = sfb.contiguous()
-        # Unit per call: spec.BLOCKWISE_LARGE (M > 256) is read each time so A/B runs can switch it.
-        mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, blockwise_config(m, n),
+        # Unit per call (by shape; spec.BLOCKWISE_LARGE, read each time, overrides it for A/B runs).
+        mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, blockwise_config(m, n, k),
                                        arch_of(a.device)))
         key = (id(mod), m, n, k)
         need = _WS_SIZE.get(key)

@@ -30,31 +30,37 @@ class BlockwiseConfig:
 
 
 # 128x128 cooperative: two consumer warpgroups of 64 rows, each with 64 wgmma + 64 promoted fp32
-# accumulator registers per thread (128x256 would need 2 x 128 and spill).
+# accumulator registers per thread (128x256 would need 2 x 128 and spill). Weights larger than
+# the L2 (N x K fp8 bytes over 32 MiB) take the swizzled tile order: unswizzled, one wave of 132
+# CTAs sweeps all N tiles, i.e. all of W (64 MB at N = K = 8192). H200 A/B
+# (gemm_fp8_nt_groupwise_ab_tiles.json): M = N = K = 8192 in 967.6 us swizzled vs 1043.5; at
+# N = K = 4096 (16 MB of W) the plain order is faster, 111.8 vs 115.0 us. 2-CTA clusters
+# (2x1 / 1x2) were slower or equal in both.
 BLOCKWISE_CONFIGS = {
     "default": BlockwiseConfig(128, 128),
-    # A/B candidates for M > 256 (not used unless BLOCKWISE_LARGE names one): a 2-CTA cluster
-    # multicasting W (2x1) or A (1x2), and a swizzled tile order that keeps one wave's A and W rows
-    # in L2 (unswizzled, a wave of 132 CTAs sweeps all 64 N tiles: 64 MB of W at N = K = 8192).
-    "t128x128_c2x1": BlockwiseConfig(128, 128, 2, 1),
-    "t128x128_c1x2": BlockwiseConfig(128, 128, 1, 2),
-    "t128x128_c1x1_sw8": BlockwiseConfig(128, 128, 1, 1, swizzle=8),
+    "swizzled": BlockwiseConfig(128, 128, swizzle=8),
+    # A/B candidates (used only when BLOCKWISE_LARGE names one).
+    "t128x128_c1x1_sw4": BlockwiseConfig(128, 128, 1, 1, swizzle=4),
+    "t128x128_c1x2_sw8": BlockwiseConfig(128, 128, 1, 2, swizzle=8),
     "t128x128_c2x1_sw8": BlockwiseConfig(128, 128, 2, 1, swizzle=8),
 }
-# Config used for M > 256. A module attribute read on every call, so an A/B run
-# (`flashinfer bench --routine gemm_fp8_nt_groupwise --option blockwise_large=NAME`, or a test)
-# can switch it; smaller M keeps "default".
-BLOCKWISE_LARGE = "default"
+# W bytes (fp8: N x K) above which the swizzled order is used.
+SWIZZLE_W_BYTES = 32 << 20
+# A/B override for M > 256 (`flashinfer bench --routine gemm_fp8_nt_groupwise --option
+# blockwise_large=NAME`, or a test): a module attribute read on every call; None = by shape.
+BLOCKWISE_LARGE = None
 
 
 def is_large(m: int) -> bool:
-    """The calls whose unit BLOCKWISE_LARGE decides: M > 256 (over two 128-row tiles)."""
+    """The calls whose unit BLOCKWISE_LARGE overrides: M > 256 (over two 128-row tiles)."""
     return m > 256
 
 
-def blockwise_config(m: int, n: int) -> str:
+def blockwise_config(m: int, n: int, k: int) -> str:
     """Name of the blockwise unit for an [m, k] x [n, k] call."""
-    return BLOCKWISE_LARGE if is_large(m) else "default"
+    if BLOCKWISE_LARGE is not None and is_large(m):
+        return BLOCKWISE_LARGE
+    return "swizzled" if is_large(m) and n * k > SWIZZLE_W_BYTES else "default"
 
 
 @functools.cache
@@ -77,8 +83,8 @@ def blockwise_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: t
 
 
 def blockwise_candidate_specs(arch: Arch) -> list[KernelSpec]:
-    """e4m3 -> bf16 units of every non-default blockwise config (the A/B candidates), for
-    prebuilding and for their GPU test."""
+    """e4m3 -> bf16 units of every blockwise config but "default" (the swizzled unit and the A/B
+    candidates), for prebuilding and for their GPU test at a residue shape."""
     e4m3 = torch.float8_e4m3fn
     return [blockwise_sm90_spec(e4m3, e4m3, torch.bfloat16, c, arch) for c in BLOCKWISE_CONFIGS
             if c != "default"]
