@@ -79,7 +79,8 @@ def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:
 def batch_decode_routine(args: RoutineArgs):
     dev = args.device
     # A/B: mma_variant=N / mma_stages=N build the tensor-core kernel with FI_MMA_VARIANT / FI_MMA_STAGES
-    suffix = apply_tuning(args, decode_spec_module, {"mma_variant": "MMA_VARIANT", "mma_stages": "MMA_STAGES"},
+    suffix = apply_tuning(args, decode_spec_module, {"mma_variant": "MMA_VARIANT", "mma_stages": "MMA_STAGES",
+                                                      "page_ahead": "PAGE_AHEAD"},
                           decode_spec_module.decode_mma_spec)
     host = _host_times(dev)
     for label, batch, kv_len, hq, hkv, kv_dtype, target in BATCH_CONFIGS:

@@ -194,6 +194,12 @@ __device__ __forceinline__ int64_t page_of(const P& p, int page_lo, int t, int& 
   return p.indices[page_lo + page];
 }
 
+// Row of token t inside its page (the `off` of page_of).
+template <typename P>
+__device__ __forceinline__ int row_in_page(const P& p, int t) {
+  return p.page_shift >= 0 ? (t & (p.page_size - 1)) : t - (t / p.page_size) * p.page_size;
+}
+
 // One warp per (request, head): combines the request's partial states (base-2 LSE) into out.
 // Requests whose slot range is empty were written directly by the decode kernel.
 // The partials were just written, so they sit in L2: the cost is latency, not bandwidth. A loop

@@ -61,6 +61,9 @@ using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
 #ifndef FI_MMA_VARIANT
 #define FI_MMA_VARIANT 0
 #endif
+#ifndef FI_PAGE_AHEAD
+#define FI_PAGE_AHEAD 1  // variant 0: page ids one iteration ahead (see `lookup` in the kernel)
+#endif
 constexpr int VARIANT = FI_MMA_VARIANT;
 static_assert(VARIANT == 0 || VARIANT == 3, "FI_MMA_VARIANT is 0 or 3");
 constexpr int NW = 4;
@@ -69,6 +72,9 @@ constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
 constexpr int KBYTES = KD * int(sizeof(KVT));
 constexpr int TILES = (KV8 && VARIANT != 3) ? 2 : 1;  // variant 3: see the ring
+// Page ids one iteration ahead for one-tile iterations (16-bit caches); fp8's two-tile variant 0
+// would spill with them (28 bytes at 168 registers) and keeps the in-iteration lookup.
+constexpr bool AHEAD = FI_PAGE_AHEAD && TILES == 1;
 constexpr int VBYTES = VD * int(sizeof(KVT));
 
 // Shared-memory ring (variant 3). Each warp owns STAGES slots of one tile: 16 K rows then 16 V
@@ -381,35 +387,52 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 #if FI_MMA_VARIANT != 3
   const KVT* kb = p.k + kvh * p.k_sh + c * PE;
   const KVT* vb = p.v + kvh * p.v_sh + g * VP;
+  // Page of each K row (2 per tile) and V token (4 per tile) this lane loads. With FI_PAGE_AHEAD
+  // the next iteration's are read right after this iteration's K/V loads are issued, so a K/V load
+  // waits for one memory round trip instead of a page-table read and then the K/V read; 0 reads
+  // them at the top of each iteration (the round-1 order, for A/B). Only the page ids are carried
+  // across the iteration (the row inside the page is recomputed at the load: fewer registers).
+  // Rows past `hi` use the last valid row instead (no branch, no fault); their scores are masked
+  // to -inf, so their probabilities are exactly 0.
+  int kpage[TILES][2], vpage[TILES][4];
+  auto k_row = [&](int base, int i) { return min(base + 8 * i + g, hi - 1); };
+  auto v_row = [&](int base, int j) { return min(base + 2 * c + (j & 1) + 8 * (j >> 1), hi - 1); };
+  auto lookup = [&](int base0) {
+    int off;
+#pragma unroll
+    for (int tile = 0; tile < TILES; ++tile) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) kpage[tile][i] = int(fi_attn::page_of(p, page_lo, k_row(base0 + 16 * tile, i), off));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) vpage[tile][j] = int(fi_attn::page_of(p, page_lo, v_row(base0 + 16 * tile, j), off));
+    }
+  };
+  if (AHEAD && lo + warp * 16 * TILES < hi) lookup(lo + warp * 16 * TILES);
 #endif
   // 16-token tiles per warp iteration. Loads of all tiles are issued before any is used: a warp
   // has KD*2 + VD*4 cache elements per tile in flight; fp8 halves those bytes, so it takes two
   // tiles to keep ~8 KB per warp (~96 KB per SM at 3 CTAs) in flight, which HBM3e needs.
   for (int base0 = lo + warp * 16 * TILES; base0 < hi; base0 += NW * 16 * TILES) {
-    // Rows past `hi` load the last valid row instead (no branch, no fault); their scores are
-    // masked to -inf, so their probabilities are exactly 0.
     Raw<KBYTES> rk[TILES][2];
     Raw<VBYTES> rv[TILES][4];
 #if FI_MMA_VARIANT == 3
     ring.next(p, base0, rk[0], rv[0]);
 #else
+    if (!AHEAD) lookup(base0);
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile) {
       const int base = base0 + 16 * tile;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        int off;
-        const int64_t pid = fi_attn::page_of(p, page_lo, min(base + 8 * i + g, hi - 1), off);
-        rk[tile][i].load(kb + pid * p.k_sp + off * p.k_st, 4 * PE);
-      }
+      for (int i = 0; i < 2; ++i)
+        rk[tile][i].load(kb + int64_t(kpage[tile][i]) * p.k_sp + fi_attn::row_in_page(p, k_row(base, i)) * p.k_st,
+                         4 * PE);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        int off;
-        const int t = base + 2 * c + (j & 1) + 8 * (j >> 1);
-        const int64_t pid = fi_attn::page_of(p, page_lo, min(t, hi - 1), off);
-        rv[tile][j].load(vb + pid * p.v_sp + off * p.v_st, 8 * VP);
-      }
+      for (int j = 0; j < 4; ++j)
+        rv[tile][j].load(vb + int64_t(vpage[tile][j]) * p.v_sp + fi_attn::row_in_page(p, v_row(base, j)) * p.v_st,
+                         8 * VP);
     }
+    // warp-uniform: the next iteration's base is the same for all lanes
+    if (AHEAD && base0 + NW * 16 * TILES < hi) lookup(base0 + NW * 16 * TILES);
 #endif
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile) {

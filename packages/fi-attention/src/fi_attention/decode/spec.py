@@ -21,6 +21,8 @@ HEAD_DIMS = (64, 128, 256)
 # A/B runs and by the GPU tests of the variants.
 MMA_VARIANT = None
 MMA_STAGES = 0
+# FI_PAGE_AHEAD of the register-tile variant (bench option page_ahead=0|1); None = the source's 1.
+PAGE_AHEAD = None
 # Measured on the H200 (GQA 32/8, b128 x kv8192, 2026-11-30): fp8 e4m3 KV 547.9 us with the shared-
 # memory ring (variant 3) against 638.2 us with register tiles (variant 0); bf16 KV 1105.8 us against
 # 1002.5 us, so 16-bit caches keep variant 0.
@@ -98,6 +100,8 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
     extra = {"FI_MMA_VARIANT": variant} if variant else {}
     if MMA_STAGES:
         extra["FI_MMA_STAGES"] = MMA_STAGES
+    if PAGE_AHEAD is not None:
+        extra["FI_PAGE_AHEAD"] = int(PAGE_AHEAD)
     return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
                           pos_encoding_mode, soft_cap, arch, extra or None)
 
