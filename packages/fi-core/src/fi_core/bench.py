@@ -13,6 +13,10 @@ A family registers routines in its ``bench.py``::
 
 `flashinfer bench --routine rmsnorm` runs it, prints a table and writes
 ``benchmarks/results/<gpu>/<routine>.json``.
+
+A/B runs in one process: :func:`apply_tuning` sets integer compile-time tuning values from routine
+options; :func:`config_choices`, :func:`with_config` and :func:`checked` run a routine's rows once
+per named configuration (``--option fp8_large=A+B``), each checked against the reference first.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Any, Optional
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+from .errors import InputError
 
 # Measured on the H200 (shared/TARGETS.md); percentages of bandwidth are against the datasheet.
 HBM_PEAK_TBPS = {"H200": 4.8, "H100": 3.35}
@@ -134,6 +140,51 @@ def apply_tuning(args: RoutineArgs, module, names: dict[str, str], *caches) -> s
         for c in caches:
             c.cache_clear()
     return " [" + " ".join(f"{o}={args.options[o]}" for o in given) + "]" if given else ""
+
+
+def config_choices(args: RoutineArgs, option: str, table: dict) -> list[str]:
+    """Unit names an A/B run asked for with ``--option OPTION=NAME[+NAME...]``, each a key of
+    `table`; [] when the option was not given. (apply_tuning sets integer tuning values; these
+    options name whole configurations, e.g. fi-gemm's CUTLASS tile units.)"""
+    if option not in args.options:
+        return []
+    names = [v for v in args.options[option].split("+") if v]
+    unknown = [v for v in names if v not in table]
+    if unknown or not names:
+        raise InputError(f"{option} must name one or more ('+'-joined) of {sorted(table)}, "
+                         f"got {args.options[option]!r}")
+    return names
+
+
+def checked(ab_label: str, check, *args) -> bool:
+    """Run check(*args), a reference check. In an A/B run (`ab_label`: the candidate's row label)
+    a candidate that fails it (a wrong result, or a unit the kernel library rejects) is reported on stdout and
+    not timed, so the other candidates' rows survive; otherwise a failure propagates as usual."""
+    if not ab_label:
+        check(*args)
+        return True
+    try:
+        check(*args)
+    except Exception as exc:  # reported here; the candidate gets no row
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"{ab_label}: not timed, {type(exc).__name__}: {first}", flush=True)
+        return False
+    return True
+
+
+def with_config(module, attr: str, option: str, names: list[str]):
+    """For each name: set module.attr to it and yield the rows' label suffix; the attribute is
+    restored afterwards. With no names, one pass with the default and no suffix."""
+    if not names:
+        yield ""
+        return
+    saved = getattr(module, attr)
+    try:
+        for name in names:
+            setattr(module, attr, name)
+            yield f" [{option}={name}]"
+    finally:
+        setattr(module, attr, saved)
 
 
 def l2_bytes(device=None) -> int:

@@ -199,7 +199,7 @@ def test_fp8_candidate_specs_are_distinct_units():
 def test_bench_config_option_parsing_and_restore():
     from fi_core.bench import RoutineArgs
     from fi_gemm.dense import spec
-    from fi_gemm.dense.bench import config_choices, with_config
+    from fi_core.bench import config_choices, with_config
 
     table = spec.CONFIGS_FP8
     assert config_choices(RoutineArgs(options={}), "fp8_large", table) == []

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
-from fi_core.errors import InputError
+from fi_core.bench import (BenchRow, RoutineArgs, apply_tuning, checked, config_choices, rotating_inputs,
+                           routine, time_fn, with_config)
 
 from . import api as dense_api
 from . import spec as dense_spec
@@ -36,51 +36,6 @@ def _check(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 
 def _check_fp8(a, w, sa, sb, ref, what: str) -> None:
     _check(bmm_fp8(a[None], w.T[None], sa, sb, torch.bfloat16)[0], ref, what)
-
-
-def config_choices(args: RoutineArgs, option: str, table: dict) -> list[str]:
-    """Unit names an A/B run asked for with ``--option OPTION=NAME[+NAME...]``, each a key of
-    `table`; [] when the option was not given. (fi_core.bench.apply_tuning sets integer tuning
-    values; these options name a whole tile config, so they are resolved here.)"""
-    if option not in args.options:
-        return []
-    names = [v for v in args.options[option].split("+") if v]
-    unknown = [v for v in names if v not in table]
-    if unknown or not names:
-        raise InputError(f"{option} must name one or more ('+'-joined) of {sorted(table)}, "
-                         f"got {args.options[option]!r}")
-    return names
-
-
-def checked(ab_label: str, check, *args) -> bool:
-    """Run check(*args), a reference check. In an A/B run (`ab_label`: the candidate's row label)
-    a candidate that fails it (wrong result, or a unit CUTLASS rejects) is reported on stdout and
-    not timed, so the other candidates' rows survive; otherwise a failure propagates as usual."""
-    if not ab_label:
-        check(*args)
-        return True
-    try:
-        check(*args)
-    except Exception as exc:  # reported here; the candidate gets no row
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"{ab_label}: not timed, {type(exc).__name__}: {first}", flush=True)
-        return False
-    return True
-
-
-def with_config(module, attr: str, option: str, names: list[str]):
-    """For each name: set module.attr to it and yield the rows' label suffix; the attribute is
-    restored afterwards. With no names, one pass with the default and no suffix."""
-    if not names:
-        yield ""
-        return
-    saved = getattr(module, attr)
-    try:
-        for name in names:
-            setattr(module, attr, name)
-            yield f" [{option}={name}]"
-    finally:
-        setattr(module, attr, saved)
 
 
 @routine("mm_bf16", family="fi-gemm", help="bf16 GEMM A[M,K] x W[N,K]^T vs torch.matmul (cuBLAS)")

@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, checked, config_choices, rotating_inputs, routine, time_fn, with_config
 
-from ..dense.bench import checked, config_choices, with_config
 from . import spec as fp8_spec
 from .groupwise import gemm_fp8_nt_groupwise
 from .quant import quantize_fp8_block, quantize_fp8_per_token_group

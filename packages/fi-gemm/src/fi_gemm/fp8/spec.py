@@ -33,9 +33,10 @@ class BlockwiseConfig:
 # accumulator registers per thread (128x256 would need 2 x 128 and spill). Weights larger than
 # the L2 (N x K fp8 bytes over 32 MiB) take the swizzled tile order: unswizzled, one wave of 132
 # CTAs sweeps all N tiles, i.e. all of W (64 MB at N = K = 8192). H200 A/B
-# (gemm_fp8_nt_groupwise_ab_tiles.json): M = N = K = 8192 in 967.6 us swizzled vs 1043.5; at
-# N = K = 4096 (16 MB of W) the plain order is faster, 111.8 vs 115.0 us. 2-CTA clusters
-# (2x1 / 1x2) were slower or equal in both.
+# (gemm_fp8_nt_groupwise_ab_tiles*.json): M = N = K = 8192 in 967.6-975.5 us swizzled vs 1043.5
+# plain; at N = K = 4096 (16 MB of W) the two orders are within the run-to-run spread (plain 111.8
+# and 121.4 us in two calls, swizzled 115.0 and 115.1), so small weights keep the plain order.
+# 2-CTA clusters (2x1 / 1x2, with or without swizzle) and swizzle 4 were not faster.
 BLOCKWISE_CONFIGS = {
     "default": BlockwiseConfig(128, 128),
     "swizzled": BlockwiseConfig(128, 128, swizzle=8),
