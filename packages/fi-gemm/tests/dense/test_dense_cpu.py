@@ -171,9 +171,9 @@ def test_fp8_large_config_is_switchable(monkeypatch):
     from fi_gemm.dense import spec
 
     assert spec.sm90_config(e4m3, 8192, 8192) == "large"
-    monkeypatch.setattr(spec, "FP8_LARGE", "t128x192_c1x2_pi8")
-    assert spec.sm90_config(e4m3, 8192, 8192) == "t128x192_c1x2_pi8"
-    assert spec.sm90_config(e5m2, 300, 64) == "t128x192_c1x2_pi8"
+    monkeypatch.setattr(spec, "FP8_LARGE", "t128x128_c2x1")
+    assert spec.sm90_config(e4m3, 8192, 8192) == "t128x128_c2x1"
+    assert spec.sm90_config(e5m2, 300, 64) == "t128x128_c2x1"
     assert spec.sm90_config(e4m3, 256, 8192) == "mid"
     assert spec.sm90_config(bf16, 8192, 8192) == "large"
 
@@ -205,7 +205,7 @@ def test_bench_config_option_parsing_and_restore():
     assert config_choices(RoutineArgs(options={}), "fp8_large", table) == []
     got = config_choices(RoutineArgs(options={"fp8_large": "large+t128x128_c2x1"}), "fp8_large", table)
     assert got == ["large", "t128x128_c2x1"]
-    with pytest.raises(InputError, match="t128x192_c1x2_pi8"):
+    with pytest.raises(InputError, match="t128x128_c2x1"):
         config_choices(RoutineArgs(options={"fp8_large": "nope"}), "fp8_large", table)
     assert list(with_config(spec, "FP8_LARGE", "fp8_large", [])) == [""]
     seen = []
@@ -213,8 +213,8 @@ def test_bench_config_option_parsing_and_restore():
         seen.append((suffix, spec.FP8_LARGE))
     assert seen == [(" [fp8_large=large]", "large"), (" [fp8_large=t128x128_c2x1]", "t128x128_c2x1")]
     assert spec.FP8_LARGE == "large"
-    gen = with_config(spec, "FP8_LARGE", "fp8_large", ["t128x192_c2x1", "large"])
+    gen = with_config(spec, "FP8_LARGE", "fp8_large", ["t128x128_c2x1", "large"])
     next(gen)
-    assert spec.FP8_LARGE == "t128x192_c2x1"
+    assert spec.FP8_LARGE == "t128x128_c2x1"
     gen.close()  # a routine that stops early (a failed row) still restores the default
     assert spec.FP8_LARGE == "large"

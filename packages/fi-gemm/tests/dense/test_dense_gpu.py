@@ -136,13 +136,13 @@ def test_bmm_fp8_mixed_e5m2_fp16_out_batched(m):
     testing.assert_close(out, gemm_reference(A, W, f16, None, sa, sb), dtype=f16)
 
 
-# A/B candidates for the fp8 large class (CONFIGS_FP8 beyond the defaults), each switched in through
-# spec.FP8_LARGE as the benchmark's fp8_large option does (monkeypatch restores it). One shape
+# The fp8 large-class unit and its A/B candidates (every CONFIGS_FP8 entry but "mid"), each switched
+# in through spec.FP8_LARGE as the benchmark's fp8_large option does (monkeypatch restores it). One shape
 # covers every residue: M = 320 is 3 M tiles, the last half full, so a 2x1 cluster has a CTA with
 # no rows at all; N = 1088 is 9 N tiles of 128 (the same for 1x2 clusters), 6 of 192, the last
 # partial either way; K = 1152 is 9 K tiles (a promotion residue at interval 8) and K = 8192 the
 # benchmark's depth, where the promotion interval decides accuracy.
-FP8_CANDIDATES = [c for c in dense_spec.CONFIGS_FP8 if c not in ("large", "mid")]
+FP8_CANDIDATES = [c for c in dense_spec.CONFIGS_FP8 if c != "mid"]
 
 
 @pytest.fixture(scope="module")

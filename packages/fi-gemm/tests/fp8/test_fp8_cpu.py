@@ -141,8 +141,8 @@ def test_blockwise_large_config_is_switchable(monkeypatch):
     assert spec.blockwise_config(8192, 8192, 8192) == "swizzled"
     assert spec.blockwise_config(4096, 4096, 4096) == "default"
     assert spec.blockwise_config(256, 8192, 8192) == "default"
-    monkeypatch.setattr(spec, "BLOCKWISE_LARGE", "t128x128_c2x1_sw8")
-    assert spec.blockwise_config(4096, 4096, 4096) == "t128x128_c2x1_sw8"
+    monkeypatch.setattr(spec, "BLOCKWISE_LARGE", "swizzled")
+    assert spec.blockwise_config(4096, 4096, 4096) == "swizzled"
     assert spec.blockwise_config(256, 8192, 8192) == "default"
     # every unit keeps one weight scale block per N tile (the mainloop's static requirement)
     assert all(c.tile_n % 128 == 0 and c.swizzle in (1, 2, 4, 8) for c in spec.BLOCKWISE_CONFIGS.values())

@@ -40,10 +40,6 @@ class BlockwiseConfig:
 BLOCKWISE_CONFIGS = {
     "default": BlockwiseConfig(128, 128),
     "swizzled": BlockwiseConfig(128, 128, swizzle=8),
-    # A/B candidates (used only when BLOCKWISE_LARGE names one).
-    "t128x128_c1x1_sw4": BlockwiseConfig(128, 128, 1, 1, swizzle=4),
-    "t128x128_c1x2_sw8": BlockwiseConfig(128, 128, 1, 2, swizzle=8),
-    "t128x128_c2x1_sw8": BlockwiseConfig(128, 128, 2, 1, swizzle=8),
 }
 # W bytes (fp8: N x K) above which the swizzled order is used.
 SWIZZLE_W_BYTES = 32 << 20
@@ -84,8 +80,9 @@ def blockwise_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: t
 
 
 def blockwise_candidate_specs(arch: Arch) -> list[KernelSpec]:
-    """e4m3 -> bf16 units of every blockwise config but "default" (the swizzled unit and the A/B
-    candidates), for prebuilding and for their GPU test at a residue shape."""
+    """e4m3 -> bf16 units of every blockwise config but "default" (the swizzled unit and any A/B
+    candidate added to BLOCKWISE_CONFIGS), for prebuilding and for their GPU test at a residue
+    shape."""
     e4m3 = torch.float8_e4m3fn
     return [blockwise_sm90_spec(e4m3, e4m3, torch.bfloat16, c, arch) for c in BLOCKWISE_CONFIGS
             if c != "default"]
