@@ -5,8 +5,9 @@ baseline (cuBLAS through torch.matmul / torch._scaled_mm) in the same run on L2-
 Targets: shared/TARGETS.md (GEMM table).
 
 A/B of the fp8 large-class unit: ``--option fp8_large=NAME`` (a key of ``spec.CONFIGS_FP8``) runs
-the M > 256 rows with that unit, ``fp8_large=large+t128x192_c1x1+...`` runs them once per name in
-the same process against the same baseline; those rows' config gets a `` [fp8_large=NAME]`` suffix.
+the M > 256 rows with that unit, ``fp8_large=large+t128x128_c2x1`` runs them once per name in
+the same process on the same inputs, the baseline re-timed next to each; those rows' config gets a
+`` [fp8_large=NAME]`` suffix.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ M = 8192 figures (FlashInfer 976 us, torch 948 us) belong to (at N = K = 4096 th
 
 A/B of the CUTLASS unit for M > 256: ``--option blockwise_large=NAME`` (a key of
 ``spec.BLOCKWISE_CONFIGS``), or several joined by '+', runs those rows once per name in the same
-process against the same baseline; their config gets a `` [blockwise_large=NAME]`` suffix."""
+process on the same inputs, the baseline re-timed next to each; their config gets a
+`` [blockwise_large=NAME]`` suffix."""
 
 from __future__ import annotations
 
