@@ -163,6 +163,23 @@ def test_attention_options(name, plan_kw, ref_kw, backend):
     testing.assert_close(lse, rl, **LSE_TOL)
 
 
+@KERNELS
+def test_mixed_table_placement_survives_allocations_before_run(backend):
+    """Host indptr / last_page_len next to device indices (how serving engines keep a page table):
+    plan() copies the host tables to the device. Small tensors allocated and filled between plan()
+    and run() (here with page ids far past the cache) must not land in those copies: the wrapper
+    holds them until the next plan."""
+    lens = lengths(7, 2048, seed=11)
+    cache, indptr, indices, last = make_batch(lens, 16, 8, 128, seed=11)
+    q = testing.randn((len(lens), 32, 128), torch.bfloat16, DEV, seed=12)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV), backend=backend)
+    w.plan(indptr, indices.to(DEV), last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    junk = [torch.full((n,), 1 << 30, dtype=torch.int32, device=DEV) for n in (8, 16, 64, 128) for _ in range(32)]
+    out = w.run(q, cache)
+    del junk
+    testing.assert_close(out, batch_decode_reference(q, cache, indptr, indices, last, "NHD"), dtype=torch.bfloat16)
+
+
 def test_window_left_at_run_overrides_plan():
     lens = [700, 64]
     out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, run_kw=dict(window_left=31),

@@ -278,7 +278,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         dev = self._device
         # the tuning values of spec.py (bench A/B options) are part of the module's identity
         key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
-               _spec.MMA_VARIANT, _spec.MMA_STAGES)
+               _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD)
         mk = _MODULE_CACHE.get(key)
         if mk is None:
             spec = select_spec(o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev),
@@ -353,12 +353,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
         base = st.device_ptr
         if stage:  # addresses inside the metadata buffer; the tensor view is made only if needed
             self._d_indices = None
+            self._d_tables = None
             self._staged_indices = (off_idx, nnz)
             tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
         else:
             self._d_indices = dev_table(indices, self._indices_buf)
-            tables = (dev_table(indptr, self._indptr_buf).data_ptr(), self._d_indices.data_ptr(),
-                      dev_table(last_page_len, self._last_buf).data_ptr())
+            # Held until the next plan: the kernels read these at run(). A table copied here from
+            # the host (e.g. host indptr next to device indices) is a new tensor; freed, its block
+            # could be handed to another tensor and overwritten before run() launches.
+            self._d_tables = (dev_table(indptr, self._indptr_buf), self._d_indices,
+                              dev_table(last_page_len, self._last_buf))
+            tables = tuple(t.data_ptr() for t in self._d_tables)
         self._plan = plan
         a = self._args
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
