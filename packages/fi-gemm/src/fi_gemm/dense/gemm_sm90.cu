@@ -5,10 +5,9 @@
 // needs for fp8 and what TMA loads best for 16-bit types.
 //
 // One tile configuration per translation unit (spec defines): FI_TA, FI_TB, FI_TD, FI_TBIAS,
-// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG, FI_STREAMK, and the scheduler's tile order
-// FI_SWIZZLE (max swizzle 1/2/4/8) and FI_RASTER (0 heuristic, 1 along M, 2 along N), plus
-// FI_PROMOTION for fp8 (wgmma K-steps between fp32 promotions; 0 for 16-bit inputs, whose
-// mainloop has no promotion). The Python side picks the unit per shape class.
+// FI_TILE_M/N/K, FI_CLUSTER_M/N, FI_PINGPONG, FI_STREAMK, the scheduler's tile order FI_SWIZZLE /
+// FI_RASTER (sm90_tile_order.cuh), and FI_PROMOTION for fp8 (wgmma K-steps between fp32
+// promotions; 0 for 16-bit inputs, whose mainloop has no promotion). The Python side picks the unit per shape class.
 //
 // The epilogue is one visitor tree for every op: acc * (scale_a * scale_b) + bias[n]. Scales are
 // device pointers (bmm_fp8's float32 tensors) or 1.0 when null; bias is a row broadcast that
@@ -26,6 +25,7 @@
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 
 #include "fi/common.cuh"
+#include "../sm90_tile_order.cuh"
 
 using namespace cute;
 
@@ -91,13 +91,6 @@ using TileScheduler = cutlass::gemm::StreamKScheduler;
 using TileScheduler = cutlass::gemm::PersistentScheduler;
 #endif
 
-using RasterOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
-constexpr RasterOptions kRaster = FI_RASTER == 1   ? RasterOptions::AlongM
-                                  : FI_RASTER == 2 ? RasterOptions::AlongN
-                                                   : RasterOptions::Heuristic;
-static_assert(FI_SWIZZLE == 1 || FI_SWIZZLE == 2 || FI_SWIZZLE == 4 || FI_SWIZZLE == 8,
-              "FI_SWIZZLE is the scheduler's max swizzle size: 1, 2, 4 or 8");
-
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -125,11 +118,7 @@ typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const 
       {static_cast<const ElementA*>(a), sa, static_cast<const ElementB*>(b), sb},
       {{}, nullptr, StrideC{}, static_cast<ElementD*>(d), sd},
       hw};
-  // Tile order of the persistent scheduler. Swizzling walks the tile grid in bands of
-  // FI_SWIZZLE tiles along the minor dimension, so the CTAs resident in one wave share A rows and
-  // W rows in L2 instead of sweeping all of W every wave.
-  args.scheduler.max_swizzle_size = FI_SWIZZLE;
-  args.scheduler.raster_order = kRaster;
+  fi_gemm::set_tile_order(args);
 #if FI_PROMOTION
   // fp8 wgmma accumulates in reduced precision; the mainloop adds its partial sums into the fp32
   // accumulators every FI_PROMOTION wgmma K-steps (CUTLASS's default is 4: once per 128-wide K tile).

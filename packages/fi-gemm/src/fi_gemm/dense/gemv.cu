@@ -305,17 +305,13 @@ cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t
 // Picks the instantiation: NT = token tiles of 8 (M <= 8 or <= 16); two 16-row slabs per CTA
 // halve the activation re-reads once there are enough CTAs for every SM, else one slab per CTA
 // keeps all SMs streaming; U = steps in flight, bounded by the 128-register budget.
-// FI_GEMV_U8 / FI_GEMV_U16: U of the unscaled one-slab instantiations (M <= 8 / M <= 16), the
-// shapes of N = 4096 decode layers; the bench routine mm_bf16's options u8=N / u16=N build others
-// for A/B (16-bit weights). H200, N = K = 4096 bf16 (mm_bf16_ab_gemv_*.json): U8 = 6 takes M = 1 / 4 from
-// 10.90 / 11.22 us (U = 4) to 10.54 / 10.77 (8: 11.20 / 11.07); M = 16 stays at 12.2-12.6 us
-// for U16 = 4, 6 or 8. The block-scaled ones keep U = 4: their per-step scale registers spill
-// above it.
+// FI_GEMV_U8: U of the unscaled one-slab M <= 8 instantiation (the shape of N = 4096 decode
+// layers); the bench routine mm_bf16's option u8=N builds others for A/B (16-bit weights). H200,
+// N = K = 4096 bf16 (mm_bf16_ab_gemv_*.json): U = 6 takes M = 1 / 4 from 10.90 / 11.22 us (U = 4)
+// to 10.54 / 10.77 (8: 11.20 / 11.07). M = 16 stayed at 12.2-12.6 us with U = 4, 6 or 8, so it
+// keeps 4, as do the block-scaled units, whose per-step scale registers spill above it.
 #ifndef FI_GEMV_U8
 #define FI_GEMV_U8 6
-#endif
-#ifndef FI_GEMV_U16
-#define FI_GEMV_U16 4
 #endif
 template <bool BLOCK>
 cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
@@ -323,13 +319,13 @@ cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
   // fp8 weights keep U = 4 (bmm_fp8 M = 1, N = K = 4096: 6.59 us at 4, 7.71 at 6, where a
   // warp's 8 K steps split 6 + 2 instead of 4 + 4).
   constexpr bool kFp8 = sizeof(FI_TW) == 1;
-  constexpr int kU8 = (BLOCK || kFp8) ? 4 : FI_GEMV_U8, kU16 = (BLOCK || kFp8) ? 4 : FI_GEMV_U16;
+  constexpr int kU8 = (BLOCK || kFp8) ? 4 : FI_GEMV_U8;
   const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
   if (max_m <= 8)
     return two_slabs ? launch<1, 2, 3, BLOCK>(p, l, tiles_y, stream)
                      : launch<1, 1, kU8, BLOCK>(p, l, tiles_y, stream);
   return two_slabs ? launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream)
-                   : launch<2, 1, kU16, BLOCK>(p, l, tiles_y, stream);
+                   : launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
 }
 
 bool aligned16(const void* a, const void* b) {

@@ -135,19 +135,18 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
     )
 
 
-# A/B tuning of the weight-streaming kernel (mm_bf16 bench options u8=N / u16=N): U, the K steps
-# whose loads a thread issues before its first MMA, of the one-slab M <= 8 / M <= 16 units
-# (FI_GEMV_U8 / FI_GEMV_U16 in gemv.cu); 0 = the source's default.
+# A/B tuning of the weight-streaming kernel (mm_bf16 bench option u8=N): U, the K steps whose
+# loads a thread issues before its first MMA, of the one-slab M <= 8 unit (FI_GEMV_U8 in gemv.cu);
+# 0 = the source's default.
 GEMV_U8 = 0
-GEMV_U16 = 0
 
 
 @functools.cache
 def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype,
               arch: Arch) -> KernelSpec:
     bias_dtype = a_dtype if a_dtype not in FP8 else out_dtype
-    tuning = {k: v for k, v in (("FI_GEMV_U8", GEMV_U8), ("FI_GEMV_U16", GEMV_U16)) if v}
-    suffix = "".join(f"_u{v}" if v else "_u-" for v in (GEMV_U8, GEMV_U16)) if tuning else ""
+    tuning = {"FI_GEMV_U8": GEMV_U8} if GEMV_U8 else {}
+    suffix = f"_u{GEMV_U8}" if GEMV_U8 else ""
     return KernelSpec(
         name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}{suffix}",
         sources=(_HERE / "gemv.cu",),

@@ -6,8 +6,8 @@
 // block, applying both scales there (ScaleGranularityK = 128 = 4 wgmma K steps).
 //
 // One tile config per unit (FI_TILE_M/N, FI_CLUSTER_M/N, and the persistent scheduler's tile
-// order FI_SWIZZLE = max swizzle 1/2/4/8, FI_RASTER = 0 heuristic, 1 along M, 2 along N); TileK is
-// 128 (one scale block), and TileN must be a multiple of 128 (one weight scale per N tile).
+// order FI_SWIZZLE / FI_RASTER, see sm90_tile_order.cuh); TileK is 128 (one scale block), and TileN
+// must be a multiple of 128 (one weight scale per N tile).
 // CUTLASS loads sfa with TMA, which needs M % 4 == 0 (16-byte rows of the [kb, M] scale tensor):
 // the Python side sends other M to the decode kernel or the reference.
 #include <cutlass/cutlass.h>
@@ -24,6 +24,7 @@
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 
 #include "fi/common.cuh"
+#include "../sm90_tile_order.cuh"
 
 using namespace cute;
 
@@ -62,13 +63,6 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
-using RasterOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
-constexpr RasterOptions kRaster = FI_RASTER == 1   ? RasterOptions::AlongM
-                                  : FI_RASTER == 2 ? RasterOptions::AlongN
-                                                   : RasterOptions::Heuristic;
-static_assert(FI_SWIZZLE == 1 || FI_SWIZZLE == 2 || FI_SWIZZLE == 4 || FI_SWIZZLE == 8,
-              "FI_SWIZZLE is the scheduler's max swizzle size: 1, 2, 4 or 8");
-
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
     cutlass::gemm::PersistentScheduler>;
@@ -99,9 +93,7 @@ typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const 
        static_cast<const float*>(sfb), ScaleConfig::tile_atom_to_shape_SFB(shape)},
       {{}, nullptr, StrideC{}, static_cast<ElementD*>(d), sd},
       hw};
-  // Swizzled tile order: the CTAs of one wave share A and W rows in L2 (see gemm_sm90.cu).
-  args.scheduler.max_swizzle_size = FI_SWIZZLE;
-  args.scheduler.raster_order = kRaster;
+  fi_gemm::set_tile_order(args);
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   return args;
