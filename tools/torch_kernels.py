@@ -27,14 +27,15 @@ def _cases():
     x4 = torch.randn(4, 4096, device=dev, dtype=torch.bfloat16)
     x16 = torch.randn(16, 4096, device=dev, dtype=torch.bfloat16)
     q = torch.randn(1, 32, 1, 128, device=dev, dtype=torch.bfloat16)
-    kv = torch.randn(1, 8, 32768, 128, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, 8, 32768, 128, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)  # its own tensor: K and V as one would fit half of the bytes in L2
     sdpa = torch.nn.functional.scaled_dot_product_attention
     return {
         "scaled_mm": lambda: torch._scaled_mm(a8, b8.T, one, one, out_dtype=torch.bfloat16),
         "mm_bf16": lambda: a16 @ a16.T,
         "gemv4": lambda: x4 @ w16.T,
         "gemv16": lambda: x16 @ w16.T,
-        "sdpa_decode_b1": lambda: sdpa(q, kv, kv, enable_gqa=True),
+        "sdpa_decode_b1": lambda: sdpa(q, k, v, enable_gqa=True),
     }
 
 
