@@ -2,10 +2,11 @@
 """Time batch decode of one shape for several split sizes (FlashInfer's ``fixed_split_size``, in
 pages) next to the planner's own choice, on the GPU machine:
 
-    python3 tools/decode_split_sweep.py [--batch 1] [--kv 32768] [--splits 8,16,21,32,42,64]
+    python3 tools/decode_split_sweep.py [--shapes 1x32768,4x16384] [--splits 8,16,21,32,42,64]
 
-Prints one line per split: work items, CTAs, median us. Tells whether the planner's cost model
-(decode/planner.py) picks the fastest chunk for small batches on long contexts.
+Prints one line per shape (batch x kv tokens) and split: work items, chunk, median us. Tells
+whether the planner's cost model (decode/planner.py) picks the fastest chunk for small batches on
+long contexts. Splits that would not split a request are skipped.
 """
 
 from __future__ import annotations
@@ -22,25 +23,32 @@ PAGE, D, HQ, HKV = 16, 128, 32, 8
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--kv", type=int, default=32768)
-    ap.add_argument("--splits", default="8,16,21,32,42,64,128")
+    ap.add_argument("--shapes", default="1x32768", help="comma-separated BATCHxKV")
+    ap.add_argument("--splits", default="8,16,21,32,42,64,128", help="split sizes in pages")
     a = ap.parse_args()
+    splits = [int(s) for s in a.splits.split(",")]
+    for shape in a.shapes.split(","):
+        batch, kv = (int(v) for v in shape.split("x"))
+        sweep(batch, kv, [s for s in splits if s * PAGE < kv])
+    return 0
+
+
+def sweep(batch: int, kv: int, splits: list[int]) -> None:
     dev = "cuda"
-    pages = -(-a.kv // PAGE)
-    indptr = torch.arange(a.batch + 1, dtype=torch.int32) * pages
-    indices = torch.randperm(a.batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
-    last = torch.full((a.batch,), a.kv - (pages - 1) * PAGE, dtype=torch.int32)
+    pages = -(-kv // PAGE)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), kv - (pages - 1) * PAGE, dtype=torch.int32)
 
     def make(i):
         g = torch.Generator(device=dev).manual_seed(100 + i)
-        cache = torch.randn(a.batch * pages, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
-        return torch.randn(a.batch, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
+        cache = torch.randn(batch * pages, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+        return torch.randn(batch, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
 
     sets = rotating_inputs(make, dev)
-    out = torch.empty(a.batch, HQ, D, dtype=torch.bfloat16, device=dev)
+    out = torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=dev)
     ref = None
-    for split in [None, *[int(s) for s in a.splits.split(",")]]:
+    for split in [None, *splits]:
         w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev))
         w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, fixed_split_size=split)
         w.run(*sets[0], out=out)
@@ -49,9 +57,8 @@ def main() -> int:
         err = (out.float() - ref.float()).abs().max().item()
         t = time_fn(lambda q, c, w=w: w.run(q, c, out=out), sets)
         label = "planner" if split is None else f"{split} pages"
-        print(f"b{a.batch} kv{a.kv} {label:>10}: items {w._plan.num_items:5d} chunk {w._plan.chunk:6d} "
+        print(f"b{batch} kv{kv} {label:>10}: items {w._plan.num_items:5d} chunk {w._plan.chunk:6d} "
               f"median {t.median_us:8.2f} us (min {t.min_us:.2f})  max|diff| vs planner {err:.2e}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -182,3 +182,31 @@ def test_cuda_graph_replay_and_determinism(m):
     g.replay()
     torch.cuda.synchronize()
     testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
+
+
+# The M = 9..16 units of the weight-streaming kernel (spec.GEMV_M16, the bench's m16=N option):
+# one CTA per 16 W rows, and K split across a 2-CTA cluster with the partial sums added through
+# distributed shared memory. N = 1000 leaves the last pair a partial 32-row group; K = 776 is 25
+# steps of 32, split 13 + 12, the last vector of each row in the second CTA's range.
+@pytest.fixture
+def _fresh_dispatch():
+    api._CHOICE.clear()
+    dense_spec.gemv_spec.cache_clear()
+    yield
+    api._CHOICE.clear()
+    dense_spec.gemv_spec.cache_clear()
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("m, n, k", [(16, 1000, 776), (9, 4096, 4096)])
+def test_gemv_m16_units(mode, m, n, k, monkeypatch, _fresh_dispatch):
+    if arch_of(torch.device(DEV)).cc != 90:
+        pytest.skip("the units are built for sm_90 (2 and 3 use thread-block clusters)")
+    monkeypatch.setattr(dense_spec, "GEMV_M16", mode)
+    dense_spec.gemv_spec.cache_clear()
+    a, w = _operands(m, n, k, bf16, seed=90 + mode)
+    out = testing.empty_poisoned((m, n), bf16, DEV)
+    mm_bf16(a, w.T, out=out)
+    testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
+    used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
+    assert f"gemv_bf16_bf16_bf16_m16v{mode}" in used, f"mode {mode} did not run: {sorted(used)}"

@@ -11,6 +11,7 @@ import torch
 
 from fi_core import arch_of, load_many, testing
 from fi_gemm import SegmentGEMMWrapper, grouped_mm_bf16
+from fi_gemm.dense import spec as dense_spec
 from fi_gemm.segment.reference import segment_gemm_reference
 from fi_gemm.warm import gpu_test_specs
 
@@ -40,6 +41,49 @@ def test_segment_gemm(lens, n, k, column_major):
     ref = torch.full((total, n), float("nan"), dtype=bf16, device=DEV)
     indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
     segment_gemm_reference(x, w_nk, indptr, widx, ref)
+    testing.assert_close(out, ref, dtype=bf16)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("lens", [[512] * 3, [0, 1, 31, 32, 33, 0, 95], [40] * 70])
+def test_segment_gemm_units(mode, lens, monkeypatch):
+    """The N <= 16 units (dense spec.GEMV_SEG, the bench's seg=N option): 16-row tiles, and
+    32-row tiles split over K by a 2-CTA cluster; tile edges at 31/32/33 rows, K = 776 (25 steps
+    of 32, split 13 + 12)."""
+    if arch_of(torch.device(DEV)).cc != 90:
+        pytest.skip("the units are built for sm_90 (2 uses thread-block clusters)")
+    monkeypatch.setattr(dense_spec, "GEMV_SEG", mode)
+    dense_spec.gemv_spec.cache_clear()
+    try:
+        total, n, k = sum(lens), 16, 776
+        x = testing.randn((total, k), bf16, DEV, seed=8)
+        w = testing.randn((3, n, k), bf16, DEV, seed=9, scale=k ** -0.5)
+        widx = torch.tensor([(i * 2 + 1) % 3 for i in range(len(lens))], device=DEV)
+        indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
+        out = testing.empty_poisoned((total, n), bf16, DEV)
+        SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV)).run(
+            x, w, len(lens), True, out=out, seg_indptr=indptr, weight_indices=widx)
+        ref = torch.empty_like(out)
+        segment_gemm_reference(x, w, indptr, widx, ref)
+        testing.assert_close(out, ref, dtype=bf16)
+    finally:
+        dense_spec.gemv_spec.cache_clear()
+
+
+def test_segment_gemm_many_segments():
+    """70 segments: the kernel finds a tile's segment 32 segments per round (three rounds here),
+    with empty segments in every round and at the end (surplus tiles exit)."""
+    lens = [(7 * i) % 37 for i in range(69)] + [0]
+    total, n, k = sum(lens), 24, 256
+    x = testing.randn((total, k), bf16, DEV, seed=6)
+    w = testing.randn((9, n, k), bf16, DEV, seed=7, scale=k ** -0.5)
+    widx = torch.tensor([(5 * i + 2) % 9 for i in range(len(lens))], device=DEV)
+    indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
+    out = testing.empty_poisoned((total, n), bf16, DEV)
+    SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV)).run(
+        x, w, len(lens), True, out=out, seg_indptr=indptr, weight_indices=widx)
+    ref = torch.empty_like(out)
+    segment_gemm_reference(x, w, indptr, widx, ref)
     testing.assert_close(out, ref, dtype=bf16)
 
 

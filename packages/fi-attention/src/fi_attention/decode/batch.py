@@ -314,13 +314,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
                              f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
         # int32 metadata: work [cap, 4] | num_work (padded to 16 B) | merge_indptr [B + 1], then,
-        # when the page table came from the host (non-graph mode), indptr | last_page_len |
-        # indices in the same buffer: one host-to-device copy per plan instead of four.
+        # when indptr and last_page_len came from the host (non-graph mode), indptr |
+        # last_page_len and, if also on the host, indices in the same buffer: one host-to-device
+        # copy per plan instead of up to four (a pageable-memory copy costs ~10 us of host time).
         n_meta = cap * 4 + 4 + (B + 1)
-        stage = not graph and indptr.is_cpu and indices.is_cpu and last_page_len.is_cpu
+        stage = not graph and indptr.is_cpu and last_page_len.is_cpu
+        stage_idx = stage and indices.is_cpu
         nnz = int(self._h_indptr[-1]) if B else 0
         off_indptr, off_last, off_idx = n_meta, n_meta + B + 1, n_meta + 2 * B + 1
-        n_int = off_idx + nnz if stage else n_meta
+        n_int = off_idx + (nnz if stage_idx else 0) if stage else n_meta
         st = self._staging
         if st is None or st.size < n_int:
             if graph and st is not None:
@@ -337,7 +339,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if stage:
             host[off_indptr: off_last] = self._h_indptr
             host[off_last: off_idx] = self._h_last
-            host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
+            if stage_idx:
+                host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
         st.upload(n_int)
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
@@ -351,16 +354,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
             return src if src.device == self._device else src.to(self._device, non_blocking=non_blocking)
 
         base = st.device_ptr
-        if stage:  # addresses inside the metadata buffer; the tensor view is made only if needed
+        if stage_idx:  # addresses inside the metadata buffer; the tensor view is made only if needed
             self._d_indices = None
             self._d_tables = None
             self._staged_indices = (off_idx, nnz)
             tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
+        elif stage:  # the usual serving layout: indices on the device, the rest staged above
+            self._d_indices = dev_table(indices, self._indices_buf)
+            self._d_tables = (self._d_indices,)
+            tables = (base + 4 * off_indptr, self._d_indices.data_ptr(), base + 4 * off_last)
         else:
             self._d_indices = dev_table(indices, self._indices_buf)
             # Held until the next plan: the kernels read these at run(). A table copied here from
-            # the host (e.g. host indptr next to device indices) is a new tensor; freed, its block
-            # could be handed to another tensor and overwritten before run() launches.
+            # the host (e.g. host indptr next to device indices in graph mode, or a host indices
+            # next to device indptr) is a new tensor; freed, its block could be handed to another
+            # tensor and overwritten before run() launches.
             self._d_tables = (dev_table(indptr, self._indptr_buf), self._d_indices,
                               dev_table(last_page_len, self._last_buf))
             tables = tuple(t.data_ptr() for t in self._d_tables)

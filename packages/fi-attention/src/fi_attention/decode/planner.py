@@ -7,10 +7,13 @@ the GPU partly idle during its last wave (1024 CTAs on 396 slots = 2.59 waves: t
 runs 59 % full and the kernel reaches 86 % of the bandwidth, which is what the H200 measured).
 
 The planner therefore cuts requests into chunks of at most ``chunk`` tokens (equal sizes, the
-last one shorter) and picks the chunk with the smallest modelled time (see :func:`_model_time`):
-waves x chunk, plus a per-CTA cost for its prologue/epilogue and, when anything is split, the
-merge. Each chunk writes a partial (o, lse) into the float workspace; a merge kernel combines a
-request's partials.
+last one shorter) and picks the chunk with the smallest modelled time (see :func:`_model_time`).
+A grid that fits in one resident wave lasts as long as the larger of its share of the HBM
+bandwidth and its busiest SM's streaming (an SM with one CTA streams slower than its share, two
+or more faster), plus a prologue per CTA on the busiest SM. A larger grid runs in waves of the
+longest CTA (or a greedy bound for unequal CTAs), where later CTAs' prologues hide behind other
+CTAs' streaming. Either way a split adds the merge: each chunk writes a partial (o, lse) into the
+float workspace, and a merge kernel combines a request's partials.
 
 A work item is ``(request, token_begin, token_end, slot)``; ``slot`` is -1 for a request that is
 not split (the decode kernel writes the output directly) and otherwise indexes the partial
@@ -29,11 +32,25 @@ import numpy as np
 MIN_CHUNK_TOKENS = 256
 # Chunk sizes are multiples of this, so a CTA's last tile is rarely a partial one.
 CHUNK_ALIGN = 16
-# Model costs in "tokens one CTA streams" (~22 tokens/us per CTA at 4.5 TB/s on 396 CTAs, bf16
-# head_dim 128): a CTA's prologue (dependent loads work -> indptr -> page -> first K row) and
-# epilogue, partly hidden by the other CTAs of its SM; and the merge kernel (launch + L2 reads).
-CTA_COST_TOKENS = 24
-MERGE_COST_TOKENS = 64
+# The model's time unit: one token (of one kv head) streamed at an SM's share of the HBM bandwidth
+# (~67 tokens/us per SM on the H200 at 4.5 TB/s, bf16 head_dim 128). One-wave grids, fitted to
+# split sweeps on the H200 (benchmarks/results/h200/decode_split_sweep_*.txt, batch 1-32, kv
+# 4096-32768): an SM with a single resident CTA streams at ~0.8 of its share (b1 kv32768 as 128
+# CTAs of 2048 tokens: 51.5 us); with two or more it can take more than its share while other SMs
+# idle (~1.35 measured; 1.1 here, so that grids balanced to within one CTA per SM win); each CTA
+# on the busiest SM costs ~2.6 us of prologue (dependent loads work -> indptr -> page -> first K
+# row) and epilogue (b1 kv32768: 256 CTAs 43.5 us, 392 CTAs 46.1); the merge kernel ~2 us.
+ONE_CTA_RATE = 0.8
+MULTI_CTA_RATE = 1.1
+CTA_COST_TOKENS = 175
+MERGE_COST_TOKENS = 135
+# Grids of several waves, in "tokens one CTA streams" (the unit above times CTAs per SM): the
+# prologue and epilogue of a CTA after the first wave, mostly hidden by the other CTAs of its SM;
+# the merge. These reproduce
+# the H200's large-batch results (b128 kv8192: 5 chunks per request, 12.9 waves, 970 us; whole
+# requests, 2.59 waves, 86 % of the bandwidth).
+WAVE_CTA_COST_TOKENS = 24
+WAVE_MERGE_COST_TOKENS = 64
 # Most waves the automatic split goes to; bounds the work items (CUDA-graph capacity).
 MAX_WAVES = 12
 # Candidate chunk counts of the longest request (its chunks decide the critical path).
@@ -70,17 +87,27 @@ def _wave_items(kv_units: int, sm_count: int, ctas_per_sm: int) -> int:
 
 
 def _model_time(items: np.ndarray, chunks: np.ndarray, total: int, longest: int, kv_units: int,
-                slots: int) -> np.ndarray:
-    """Modelled kernel time (in tokens one CTA streams) of candidate chunks given their item counts.
-
-    Equal CTAs run in ceil(ctas / slots) waves of the longest CTA; unequal ones are bounded by
-    greedy list scheduling (total / slots + longest CTA). Both are upper bounds: take the smaller.
-    """
+                sm_count: int, ctas_per_sm: int) -> np.ndarray:
+    """Modelled kernel time (in the unit of the module constants) of candidate chunks given their
+    item counts."""
+    slots = max(1, sm_count * ctas_per_sm)
     ctas = items * kv_units
-    cta = np.minimum(chunks, longest) + CTA_COST_TOKENS
-    waves = (ctas + (slots - 1)) // slots * cta
-    greedy = (ctas * CTA_COST_TOKENS + total * kv_units) / slots + cta
-    return np.minimum(waves, greedy) + np.where(chunks < longest, MERGE_COST_TOKENS, 0)
+    cta = np.minimum(chunks, longest)
+    split = chunks < longest
+    # One wave: every CTA is resident from the start.
+    per_sm = (ctas + (sm_count - 1)) // sm_count
+    rate = np.where(per_sm <= 1, ONE_CTA_RATE, MULTI_CTA_RATE)
+    one = (np.maximum(total * kv_units / sm_count, per_sm * cta / rate)
+           + per_sm * CTA_COST_TOKENS + np.where(split, MERGE_COST_TOKENS, 0))
+    # Several waves: equal CTAs take ceil(ctas / slots) waves of the longest; unequal ones are
+    # bounded by greedy list scheduling (total / slots + longest CTA). Both are upper bounds.
+    c = cta + WAVE_CTA_COST_TOKENS
+    waves = (ctas + (slots - 1)) // slots * c
+    greedy = (ctas * WAVE_CTA_COST_TOKENS + total * kv_units) / slots + c
+    many = (np.minimum(waves, greedy) + np.where(split, WAVE_MERGE_COST_TOKENS, 0)) * (slots / sm_count)
+    # ... plus the first wave's prologues, which nothing hides (as in a one-wave grid).
+    many += ctas_per_sm * CTA_COST_TOKENS
+    return np.where(ctas <= slots, one, many)
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,
@@ -139,16 +166,16 @@ def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per
 
 
 # Candidate divisors: the longest request in k = 1..MAX_PIECES equal pieces, the whole batch in
-# w = 1..MAX_WAVES waves.
+# j = 1..MAX_WAVES * ctas_per_sm CTAs per SM.
 _PIECES = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
-_WAVES = np.arange(1, MAX_WAVES + 1, dtype=np.int64)
+_PER_SM = np.arange(1, MAX_WAVES * 4 + 1, dtype=np.int64)
 
 
 def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform) -> int:
     """The candidate chunk with the smallest modelled time (ties: the larger chunk, for fewer
     items and less merge traffic); ``longest`` means no split. About 30 numpy calls on arrays of
-    MAX_PIECES + MAX_WAVES candidates: each costs about a microsecond, whatever the batch."""
-    slots = max(1, sm_count * ctas_per_sm)
+    MAX_PIECES + MAX_WAVES * ctas_per_sm candidates: each costs about a microsecond, whatever the
+    batch."""
     limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
     if capacity is not None:
         limit = min(limit, capacity)
@@ -158,9 +185,11 @@ def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capa
     if batch > limit:
         return longest
     total = batch * longest if uniform else int(kv_lens.sum())
-    per_wave = slots // max(kv_units, 1) or 1
+    per_sm = sm_count / max(kv_units, 1)  # items per CTA per SM
+    j = _PER_SM[: MAX_WAVES * max(ctas_per_sm, 1)]
     # ceil(x / d) - 1 = (x - 1) // d; rounding ceil(x / d) up to CHUNK_ALIGN is then (q + A) // A * A
-    q = np.concatenate(((longest - 1) // _PIECES, (total - 1) // (_WAVES * per_wave)))
+    q = np.concatenate(((longest - 1) // _PIECES,
+                        (total - 1) // np.maximum(np.floor(j * per_sm), 1).astype(np.int64)))
     cands = (q + CHUNK_ALIGN) // CHUNK_ALIGN * CHUNK_ALIGN
     np.maximum(cands, MIN_CHUNK_TOKENS, out=cands)
     np.minimum(cands, longest, out=cands)
@@ -171,7 +200,7 @@ def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capa
         m = np.divide(np.maximum(kv_lens, 1).astype(np.float64), cands[:, None])
         np.ceil(m, out=m)
         items = m.sum(axis=1).astype(np.int64)
-    cost = _model_time(items, cands, total, longest, kv_units, slots)
+    cost = _model_time(items, cands, total, longest, kv_units, sm_count, ctas_per_sm)
     cost[items > limit] = np.inf
     return int(cands[len(cands) - 1 - int(np.argmin(cost[::-1]))])
 

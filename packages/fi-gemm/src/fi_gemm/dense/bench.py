@@ -45,7 +45,7 @@ def mm_bf16_routine(args: RoutineArgs):
     configs = MM_CONFIGS[2:] if args.quick else MM_CONFIGS
     # A/B of the weight-streaming kernel: u8=N (spec.GEMV_U8) builds it with that many K steps in
     # flight for M <= 8; only the M <= 16 rows run then, labelled with the suffix.
-    gemv_tuning = apply_tuning(args, dense_spec, {"u8": "GEMV_U8"}, dense_spec.gemv_spec)
+    gemv_tuning = apply_tuning(args, dense_spec, {"u8": "GEMV_U8", "m16": "GEMV_M16"}, dense_spec.gemv_spec)
     if gemv_tuning:
         dense_api._CHOICE.clear()  # the dispatch memo holds the default unit's module
         configs = [c for c in configs if c[0] <= 16]

@@ -18,7 +18,17 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "fi/common.cuh"
+
+// FI_GEMV_SM90 (set by the spec for sm_90 builds): thread-block clusters are available.
+#ifndef FI_GEMV_SM90
+#define FI_GEMV_SM90 0
+#endif
+#if FI_GEMV_SM90
+#include <cooperative_groups.h>
+#endif
 
 namespace {
 
@@ -100,7 +110,7 @@ struct GemvParams {
   int m, n, k;
   int64_t lda, ldw, ldo;     // row strides (elements)
   int64_t bsa, bsw, bso;     // batch strides (elements), blockIdx.z = batch
-  // Segment mode (seg_indptr != null): blockIdx.y enumerates 16-row tiles of all segments.
+  // Segment mode (seg_indptr != null): blockIdx.y enumerates (8 * NT)-row tiles of all segments.
   const int64_t* seg_indptr;
   const int64_t* seg_widx;   // weight per segment, null: segment s uses W[s]
   int num_segs;
@@ -112,14 +122,20 @@ struct GemvParams {
   int64_t sam, sak, sbn, sbk, sbl;
 };
 
-template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U, bool BLOCK>
+// KS > 1 (sm_90 only): the KS CTAs of a cluster (consecutive in x) share one group of RS slabs
+// and split K into KS contiguous ranges; their partial sums meet in distributed shared memory.
+template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U, bool BLOCK,
+          int KS>
 // Two CTAs per SM keep enough loads in flight; that allows up to 128 registers per thread.
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
+  static_assert(KS == 1 || (FI_GEMV_SM90 && !BLOCK), "K split across a cluster: sm_90, unscaled");
+  static_assert(KS == 1 || KS == 2, "one CTA or a 2-CTA cluster along x");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
   static_assert(!BLOCK || 128 % KSTEP == 0, "a step must not straddle a 128-wide scale block");
   constexpr int NACC = RS * NT * 4;
+  constexpr int TM = 8 * NT;  // rows of a segment tile
   __shared__ float red[kWarps][NACC][32];
 
   const int lane = threadIdx.x & 31;
@@ -134,25 +150,58 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   const float* bs_a = p.bs_a;
   const float* bs_b = p.bs_b;
 
+  bool act_once = false;  // activations read by this CTA only: stream them like W
   if (p.seg_indptr != nullptr) {
-    // Find this CTA's segment by walking the (short) indptr. Uniform across the CTA, so the
-    // early return cannot split a __syncthreads.
-    const int64_t y = blockIdx.y;
-    int64_t cum = 0, row0 = -1;
-    int s = 0;
-    for (; s < p.num_segs; ++s) {
-      const int64_t b0 = p.seg_indptr[s];
-      const int64_t len = p.seg_indptr[s + 1] - b0;
-      const int64_t tiles = len > 0 ? (len + 15) / 16 : 0;
-      if (y < cum + tiles) {
-        row0 = b0 + (y - cum) * 16;
-        m = int(min(int64_t(16), b0 + len - row0));
-        break;
+    // Find this CTA's segment. Warp 0 reads 32 segments' offsets and weight indices in one
+    // round trip, prefix-sums their tile counts with shuffles and picks the segment by ballot
+    // (a serial walk costs one dependent L2 read per segment before the first W load).
+    __shared__ int64_t seg_row0, seg_wi;
+    __shared__ int seg_m;
+    if (warp == 0) {
+      const int64_t y = blockIdx.y;
+      int64_t cum = 0, row0 = -1, wi = 0;
+      int mm = 0;
+      for (int base = 0; base < p.num_segs; base += 32) {
+        const int s = base + lane;
+        int64_t b0 = 0, len = 0, wsel = s;
+        if (s < p.num_segs) {
+          b0 = p.seg_indptr[s];
+          len = p.seg_indptr[s + 1] - b0;
+          if (p.seg_widx != nullptr) wsel = p.seg_widx[s];
+        }
+        const int64_t tiles = len > 0 ? (len + TM - 1) / TM : 0;
+        int64_t incl = tiles;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += v;
+        }
+        const int64_t first = cum + incl - tiles;
+        const bool mine = y >= first && y < cum + incl;  // false for empty segments
+        const unsigned hit = __ballot_sync(0xffffffffu, mine);
+        if (hit != 0) {
+          const int src = __ffs(hit) - 1;
+          const int64_t r0 = b0 + (y - first) * TM;
+          const int my_m = int(min(int64_t(TM), b0 + len - r0));
+          row0 = __shfl_sync(0xffffffffu, r0, src);
+          mm = __shfl_sync(0xffffffffu, my_m, src);
+          wi = __shfl_sync(0xffffffffu, wsel, src);
+          break;
+        }
+        cum += __shfl_sync(0xffffffffu, incl, 31);
       }
-      cum += tiles;
+      if (lane == 0) {
+        seg_row0 = row0;
+        seg_wi = wi;
+        seg_m = mm;
+      }
     }
-    if (row0 < 0) return;
-    const int64_t wi = p.seg_widx != nullptr ? p.seg_widx[s] : int64_t(s);
+    __syncthreads();
+    const int64_t row0 = seg_row0;
+    if (row0 < 0) return;  // surplus tile; uniform across the CTA
+    const int64_t wi = seg_wi;
+    m = seg_m;
+    act_once = gridDim.x == KS;  // one group of W rows: each x element is read by one CTA
     act += row0 * p.lda;
     out += row0 * p.ldo;
     w += wi * p.bsw;
@@ -167,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     out += batch * p.bso;
     if (BLOCK) bs_b += batch * p.sbl;
   }
-  const int n0 = blockIdx.x * (16 * RS);
+  const int n0 = (blockIdx.x / KS) * (16 * RS);
 
   const TW* wrow[RS][2];
   bool wok[RS][2];
@@ -196,71 +245,92 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[r][j][c] = 0.f;
 
-  const int nsteps = (k + KSTEP - 1) / KSTEP;
+  // This CTA's K steps: all of them, or its rank's contiguous share when K is split (KS > 1).
+  int nsteps = (k + KSTEP - 1) / KSTEP;
+  int sbeg = 0;
+  if (KS > 1) {
+    const int per = (nsteps + KS - 1) / KS;
+    sbeg = int(blockIdx.x % KS) * per;
+    nsteps = min(nsteps, sbeg + per);
+  }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int s0 = warp; s0 < nsteps; s0 += kWarps * U) {
-    uint4 wv[U][RS][2];
-    uint4 av[U][NT];
-    // Issue every load of U steps before the first MMA: U * RS * 2 W vectors in flight per thread.
+  // The main loop, instantiated for both activation load policies; the choice is made once,
+  // outside it (a per-load select would put both load forms in the hot loop).
+  auto mainloop = [&](auto stream_act) {
+    constexpr bool kStreamAct = decltype(stream_act)::value;
+    for (int s0 = sbeg + warp; s0 < nsteps; s0 += kWarps * U) {
+      uint4 wv[U][RS][2];
+      uint4 av[U][NT];
+      // Issue every load of U steps before the first MMA: U * RS * 2 W vectors in flight per
+      // thread.
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int s = s0 + u * kWarps;
-      const int kk = s * KSTEP;
-      // k is a multiple of V (checked by the launcher), so a vector is entirely in or out.
-      const bool kok = s < nsteps && kk + t * V < k;
-#pragma unroll
-      for (int r = 0; r < RS; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) av[u][j] = (kok && aok[j]) ? load_cached(arow[j] + kk) : zero;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (BLOCK) {
-        // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
-        // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
+      for (int u = 0; u < U; ++u) {
         const int s = s0 + u * kWarps;
-        if (s >= nsteps) continue;  // warp-uniform
-        const int kb = (s * KSTEP) / 128;
-        float sa[NT][2];
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int tok = j * 8 + 2 * t + e;
-            sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
-          }
-#pragma unroll
-        for (int r = 0; r < RS; ++r) {
-          // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
-          const int row = n0 + r * 16;
-          const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
-                             av[u][j].x, av[u][j].y);
-            Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
-                             av[u][j].z, av[u][j].w);
-#pragma unroll
-            for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
-          }
-        }
-      } else {
+        const int kk = s * KSTEP;
+        // k is a multiple of V (checked by the launcher), so a vector is entirely in or out.
+        const bool kok = s < nsteps && kk + t * V < k;
 #pragma unroll
         for (int r = 0; r < RS; ++r)
 #pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
-                             wv[u][r][1].y, av[u][j].x, av[u][j].y);
-            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
-                             wv[u][r][1].w, av[u][j].z, av[u][j].w);
+          for (int h = 0; h < 2; ++h)
+            wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          av[u][j] = !(kok && aok[j]) ? zero
+                     : kStreamAct     ? load_stream(arow[j] + kk)
+                                      : load_cached(arow[j] + kk);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (BLOCK) {
+          // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
+          // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
+          const int s = s0 + u * kWarps;
+          if (s >= nsteps) continue;  // warp-uniform
+          const int kb = (s * KSTEP) / 128;
+          float sa[NT][2];
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int tok = j * 8 + 2 * t + e;
+              sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
+            }
+#pragma unroll
+          for (int r = 0; r < RS; ++r) {
+            // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
+            const int row = n0 + r * 16;
+            const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              float c[4] = {0.f, 0.f, 0.f, 0.f};
+              Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
+                               av[u][j].x, av[u][j].y);
+              Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
+                               av[u][j].z, av[u][j].w);
+#pragma unroll
+              for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
+            }
           }
+        } else {
+#pragma unroll
+          for (int r = 0; r < RS; ++r)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
+                               wv[u][r][1].y, av[u][j].x, av[u][j].y);
+              Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
+                               wv[u][r][1].w, av[u][j].z, av[u][j].w);
+            }
+        }
       }
     }
-  }
+  };
+  // (Block-scaled units keep the cached form only: their per-step scale registers spill with two.)
+  if (!BLOCK && act_once)
+    mainloop(std::integral_constant<bool, !BLOCK>{});
+  else
+    mainloop(std::false_type{});
 
 #pragma unroll
   for (int r = 0; r < RS; ++r)
@@ -270,16 +340,39 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
       for (int c = 0; c < 4; ++c) red[warp][(r * NT + j) * 4 + c][lane] = acc[r][j][c];
   __syncthreads();
 
+  // With a K split, each CTA of the cluster finishes 1 / KS of the outputs, adding the other
+  // CTAs' partial sums read from their shared memory.
+  static_assert((NACC * 32) % KS == 0, "outputs must divide evenly among the cluster");
+  const float* other[KS > 1 ? KS - 1 : 1] = {};
+  int idx0 = 0, idx1 = NACC * 32;
+#if FI_GEMV_SM90
+  if constexpr (KS > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // every CTA's red is written and visible cluster-wide
+    const unsigned rank = cl.block_rank();
+#pragma unroll
+    for (int o = 1; o < KS; ++o) other[o - 1] = cl.map_shared_rank(&red[0][0][0], (rank + o) % KS);
+    idx0 = int(rank) * (NACC * 32 / KS);
+    idx1 = idx0 + NACC * 32 / KS;
+  }
+#endif
   float scale = 1.f;
   if (p.scale_a != nullptr) scale *= *p.scale_a;
   if (p.scale_b != nullptr) scale *= *p.scale_b;
   const TB* bias = static_cast<const TB*>(p.bias);
-  for (int idx = threadIdx.x; idx < NACC * 32; idx += kWarps * 32) {
+  for (int idx = idx0 + threadIdx.x; idx < idx1; idx += kWarps * 32) {
     const int i = idx >> 5;
     const int ln = idx & 31;
     float sum = 0.f;
 #pragma unroll
     for (int wp = 0; wp < kWarps; ++wp) sum += red[wp][i][ln];
+    if (KS > 1) {
+#pragma unroll
+      for (int o = 0; o < KS - 1; ++o)
+#pragma unroll
+        for (int wp = 0; wp < kWarps; ++wp) sum += other[o][(wp * NACC + i) * 32 + ln];
+    }
     // Accumulator element c of MMA (r, j): W row g + 8 * (c / 2), token 2 * t + c % 2.
     const int c = i & 3;
     const int j = (i >> 2) % NT;
@@ -292,14 +385,33 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
       out[int64_t(tok) * p.ldo + row] = from_f32<TD>(v);
     }
   }
+#if FI_GEMV_SM90
+  if constexpr (KS > 1) cooperative_groups::this_cluster().sync();  // partner done reading red
+#endif
 }
 
-template <int NT, int RS, int U, bool BLOCK>
+template <int NT, int RS, int U, bool BLOCK, int KS = 1>
 cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t stream) {
-  dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS)), unsigned(tiles_y), unsigned(l));
-  gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK>
-      <<<grid, kWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS) * KS), unsigned(tiles_y), unsigned(l));
+  if constexpr (KS == 1) {
+    gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, 1>
+        <<<grid, kWarps * 32, 0, stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kWarps * 32);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = KS;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, KS>,
+                              p);
+  }
 }
 
 // Picks the instantiation: NT = token tiles of 8 (M <= 8 or <= 16); two 16-row slabs per CTA
@@ -313,6 +425,17 @@ cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t
 #ifndef FI_GEMV_U8
 #define FI_GEMV_U8 6
 #endif
+// FI_GEMV_M16: unit of the unscaled M = 9..16 case when one 16-row slab per CTA is needed to fill
+// the GPU (N = 4096: 256 CTAs). 1: each CTA reads all 16 activation rows over the whole K, so the
+// activations cross from L2 to the SMs once per 16 W rows (32 MB at N = K = 4096, as much as W).
+// 2 (sm_90 default): 32 W rows per 2-CTA cluster, each CTA taking half of K, which halves that
+// traffic; the pair adds its partial sums through distributed shared memory. H200, M = 16,
+// N = K = 4096 bf16 (mm_bf16_ab_gemv_m16_*.json): 1: 13.24 / 13.34 us, 2: 12.06 / 12.21 in two
+// calls; measured and dropped: the pair with 3 K steps in flight 13.82, 64 W rows per 4-CTA
+// cluster with one step in flight 19.25.
+#ifndef FI_GEMV_M16
+#define FI_GEMV_M16 (FI_GEMV_SM90 ? 2 : 1)
+#endif
 template <bool BLOCK>
 cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
                      cudaStream_t stream) {
@@ -320,12 +443,21 @@ cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
   // warp's 8 K steps split 6 + 2 instead of 4 + 4).
   constexpr bool kFp8 = sizeof(FI_TW) == 1;
   constexpr int kU8 = (BLOCK || kFp8) ? 4 : FI_GEMV_U8;
-  const bool two_slabs = fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
+  // N <= 16 (LoRA shrink) fills one slab: a second one would only add masked work.
+  const bool two_slabs =
+      p.n > 16 && fi::ceil_div<int64_t>(p.n, 32) * l * tiles_y >= fi::sm_count();
   if (max_m <= 8)
     return two_slabs ? launch<1, 2, 3, BLOCK>(p, l, tiles_y, stream)
                      : launch<1, 1, kU8, BLOCK>(p, l, tiles_y, stream);
-  return two_slabs ? launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream)
-                   : launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
+  if (two_slabs) return launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream);
+#if FI_GEMV_SM90
+  // Clusters only in the plain GEMM (tiles_y == 1): segment mode's surplus tiles exit early.
+  // fp8 weights keep one CTA per 16 rows (bmm_fp8 M = 16 meets its target; the pair spills).
+  if constexpr (!BLOCK && !kFp8 && FI_GEMV_M16 == 2) {
+    if (tiles_y == 1) return launch<2, 2, 2, false, 2>(p, l, tiles_y, stream);
+  }
+#endif
+  return launch<2, 1, 4, BLOCK>(p, l, tiles_y, stream);
 }
 
 bool aligned16(const void* a, const void* b) {
@@ -356,6 +488,15 @@ FI_EXPORT int fi_gemv(void* out, const void* act, const void* w, const void* bia
   return (int)dispatch<false>(p, l, 1, int(m), stream);
 }
 
+// FI_GEMV_SEG: unit of the unscaled segment GEMM with N <= 16 (LoRA shrink), where x is the
+// streamed operand and each CTA re-reads its segment's W from L2 for every 16 rows of x. 1: 16-row
+// tiles, one CTA each. 2 (sm_90 default): 32-row tiles, each split over K between the two CTAs of
+// a cluster, which halves the W traffic per row of x at the same CTA count. H200, 8 segments of
+// 16 / 512 rows, 4096 -> 16 (segment_gemm_ab_seg*.json): 1: 7.73 / 14.95 us, 2: 7.07 / 13.61.
+#ifndef FI_GEMV_SEG
+#define FI_GEMV_SEG (FI_GEMV_SM90 ? 2 : 1)
+#endif
+
 // Segment GEMM: rows seg_indptr[s] .. seg_indptr[s+1] of x times W[seg_widx[s]]^T (seg_widx null:
 // W[s]). x is [total_rows, k], W is [*, n, k] with batch stride bsw, out is [total_rows, n].
 // Rows outside every segment are not written. Graph-safe: the grid is sized from total_rows and
@@ -370,7 +511,8 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   if (k % kV != 0 || ldx % kV != 0 || ldw % kV != 0 || bsw % kV != 0 || !aligned16(x, w) ||
       n >= kMax32 || k >= kMax32 || num_segs >= kMax32)
     return (int)cudaErrorInvalidValue;
-  // sum_s ceil(len_s / 16) <= floor(total / 16) + num_segs; surplus CTAs exit at once.
+  // sum_s ceil(len_s / T) <= floor(total / T) + num_segs for T-row tiles; surplus CTAs exit
+  // at once.
   const int64_t tiles = total_rows / 16 + num_segs;
   if (tiles == 0 || n == 0) return 0;
   if (tiles > 65535) return (int)cudaErrorInvalidConfiguration;
@@ -384,6 +526,12 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   p.bs_a = static_cast<const float*>(bs_a);
   p.bs_b = static_cast<const float*>(bs_b);
   p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk; p.sbl = sbl;
+#if FI_GEMV_SM90
+  if constexpr (FI_GEMV_SEG == 2) {
+    if (bs_a == nullptr && n <= 16)
+      return (int)launch<4, 1, 2, false, 2>(p, 1, total_rows / 32 + num_segs, stream);
+  }
+#endif
   return (int)(bs_a != nullptr ? dispatch<true>(p, 1, tiles, 16, stream)
                                : dispatch<false>(p, 1, tiles, 16, stream));
 }

@@ -139,6 +139,12 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
 # loads a thread issues before its first MMA, of the one-slab M <= 8 unit (FI_GEMV_U8 in gemv.cu);
 # 0 = the source's default.
 GEMV_U8 = 0
+# A/B of its M = 9..16 unit (mm_bf16 bench option m16=N, FI_GEMV_M16 in gemv.cu): 0 = the
+# source's default, 1 = one CTA per 16 W rows, 2 = K split across a 2-CTA cluster (sm_90).
+GEMV_M16 = 0
+# A/B of its segment unit for N <= 16 (segment_gemm bench option seg=N, FI_GEMV_SEG): 0 = the
+# source's default, 1 = 16-row tiles, 2 = 32-row tiles split over K by a 2-CTA cluster (sm_90).
+GEMV_SEG = 0
 
 
 @functools.cache
@@ -147,6 +153,14 @@ def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype
     bias_dtype = a_dtype if a_dtype not in FP8 else out_dtype
     tuning = {"FI_GEMV_U8": GEMV_U8} if GEMV_U8 else {}
     suffix = f"_u{GEMV_U8}" if GEMV_U8 else ""
+    if GEMV_M16:
+        tuning["FI_GEMV_M16"] = GEMV_M16
+        suffix += f"_m16v{GEMV_M16}"
+    if GEMV_SEG:
+        tuning["FI_GEMV_SEG"] = GEMV_SEG
+        suffix += f"_seg{GEMV_SEG}"
+    if arch.cc >= 90:
+        tuning["FI_GEMV_SM90"] = 1
     return KernelSpec(
         name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}{suffix}",
         sources=(_HERE / "gemv.cu",),

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
+from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn
+
+from ..dense import spec as dense_spec
 
 from .api import SegmentGEMMWrapper
 from .reference import segment_gemm_reference
@@ -18,6 +20,8 @@ CONFIGS = [(8, 16, 4096, 16, 11.0), (8, 512, 4096, 16, 17.8)]
 @routine("segment_gemm", family="fi-gemm", help="LoRA segment GEMM vs torch.bmm (equal segments)")
 def segment_gemm_routine(args: RoutineArgs):
     dev = args.device
+    # A/B of the kernel's N <= 16 unit: seg=N (dense spec.GEMV_SEG) builds the module with it.
+    tuning = apply_tuning(args, dense_spec, {"seg": "GEMV_SEG"}, dense_spec.gemv_spec)
     seg = SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=dev))
     for s, rows, d_in, d_out, target in CONFIGS:
         indptr = torch.arange(0, (s + 1) * rows, rows, device=dev)
@@ -41,7 +45,7 @@ def segment_gemm_routine(args: RoutineArgs):
             return torch.bmm(x.view(s, rows, d_in), w.transpose(1, 2))
         ours = time_fn(ours_fn, sets)
         base = time_fn(bmm_fn, sets)
-        yield BenchRow("segment_gemm", f"{s} segments x {rows} rows, {d_in} -> {d_out}", ours,
+        yield BenchRow("segment_gemm", f"{s} segments x {rows} rows, {d_in} -> {d_out}{tuning}", ours,
                        bytes=2.0 * (s * rows * d_in + s * d_out * d_in + s * rows * d_out),
                        flops=2.0 * s * rows * d_in * d_out, baseline=("torch.bmm", base),
                        target_us=target, backend="gemv_segment")
