@@ -6,7 +6,8 @@
 
 Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192),
 prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
-prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone). Each call is checked
+prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), segment_lora (segment
+GEMM, 8 segments x 512 rows, 4096 -> 16), gemv_m16 (mm_bf16 M=16, N=K=4096). Each call is checked
 nowhere: the bench routines and GPU tests check these shapes; this script only launches them.
 """
 
@@ -69,6 +70,24 @@ def _prefill_full(length=4096, hq=32, hkv=8, d=128):
     return lambda: single_prefill_with_kv_cache(q, k, v, causal=False, backend="fa3")
 
 
+def _segment_lora(segs=8, rows=512, d_in=4096, d_out=16):
+    from fi_gemm import SegmentGEMMWrapper  # noqa: PLC0415
+
+    x = torch.randn(segs * rows, d_in, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(segs, d_out, d_in, device="cuda", dtype=torch.bfloat16)
+    indptr = torch.arange(0, (segs + 1) * rows, rows, device="cuda")
+    seg = SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device="cuda"))
+    return lambda: seg.run(x, w, segs, True, seg_indptr=indptr)
+
+
+def _gemv_m16(m=16, n=4096, k=4096):
+    from fi_gemm import mm_bf16  # noqa: PLC0415
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return lambda: mm_bf16(a, w.T)
+
+
 CASES = {
     "decode_b128": lambda: _decode(128, 8192),
     "decode_b1": lambda: _decode(1, 32768),
@@ -76,6 +95,8 @@ CASES = {
     "prefill_paged": _prefill_paged,
     "prefill_ragged": _prefill_ragged,
     "prefill_full": _prefill_full,
+    "segment_lora": _segment_lora,
+    "gemv_m16": _gemv_m16,
 }
 
 

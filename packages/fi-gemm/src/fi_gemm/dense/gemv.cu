@@ -14,11 +14,15 @@
 // Work split: a CTA owns RS slabs of 16 W rows; its WARPS warps split K (interleaved steps, so the
 // CTA reads long contiguous runs of each row) and are reduced through shared memory at the end.
 // No global split-K: N >= 2048 already gives >= 128 CTAs for decode layers.
+//
+// Loads stay in registers. Measured and not kept (H200, gemv_ring A/B in
+// benchmarks/results/h200): each thread keeping 8 / 4 steps of its loads in flight in a private
+// shared-memory ring (16-byte cp.async, refilled as consumed) was slower at N = K = 4096: M = 1 /
+// 4 / 16 took 11.76 / 12.61 / 13.95 us against 10.57 / 10.80 / 11.86, the 8 x 512-row LoRA
+// segment GEMM 16.43 against 13.27 (only its 8 x 16-row case gained: 5.83 against 6.86).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-
-#include <type_traits>
 
 #include "fi/common.cuh"
 
@@ -124,13 +128,16 @@ struct GemvParams {
 
 // KS > 1 (sm_90 only): the KS CTAs of a cluster (consecutive in x) share one group of RS slabs
 // and split K into KS contiguous ranges; their partial sums meet in distributed shared memory.
+// XS: the activations are streamed like W (segment mode with one group of W rows, where each
+// element of x is read by one CTA only); otherwise they are re-read by every CTA and cached.
 template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, int U, bool BLOCK,
-          int KS>
+          int KS, bool XS>
 // Two CTAs per SM keep enough loads in flight; that allows up to 128 registers per thread.
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
   static_assert(KS == 1 || (FI_GEMV_SM90 && !BLOCK), "K split across a cluster: sm_90, unscaled");
   static_assert(KS == 1 || KS == 2, "one CTA or a 2-CTA cluster along x");
+  static_assert(!XS || !BLOCK, "block-scaled units read their activations through the cache");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
   static_assert(!BLOCK || 128 % KSTEP == 0, "a step must not straddle a 128-wide scale block");
@@ -150,7 +157,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   const float* bs_a = p.bs_a;
   const float* bs_b = p.bs_b;
 
-  bool act_once = false;  // activations read by this CTA only: stream them like W
   if (p.seg_indptr != nullptr) {
     // Find this CTA's segment. Warp 0 reads 32 segments' offsets and weight indices in one
     // round trip, prefix-sums their tile counts with shuffles and picks the segment by ballot
@@ -201,7 +207,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     if (row0 < 0) return;  // surplus tile; uniform across the CTA
     const int64_t wi = seg_wi;
     m = seg_m;
-    act_once = gridDim.x == KS;  // one group of W rows: each x element is read by one CTA
     act += row0 * p.lda;
     out += row0 * p.ldo;
     w += wi * p.bsw;
@@ -254,83 +259,72 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     nsteps = min(nsteps, sbeg + per);
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // The main loop, instantiated for both activation load policies; the choice is made once,
-  // outside it (a per-load select would put both load forms in the hot loop).
-  auto mainloop = [&](auto stream_act) {
-    constexpr bool kStreamAct = decltype(stream_act)::value;
-    for (int s0 = sbeg + warp; s0 < nsteps; s0 += kWarps * U) {
-      uint4 wv[U][RS][2];
-      uint4 av[U][NT];
-      // Issue every load of U steps before the first MMA: U * RS * 2 W vectors in flight per
-      // thread.
+  for (int s0 = sbeg + warp; s0 < nsteps; s0 += kWarps * U) {
+    uint4 wv[U][RS][2];
+    uint4 av[U][NT];
+    // Issue every load of U steps before the first MMA: U * RS * 2 W vectors in flight per thread.
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * kWarps;
+      const int kk = s * KSTEP;
+      // k is a multiple of V (checked by the launcher), so a vector is entirely in or out.
+      const bool kok = s < nsteps && kk + t * V < k;
+#pragma unroll
+      for (int r = 0; r < RS; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        av[u][j] = !(kok && aok[j]) ? zero
+                   : XS             ? load_stream(arow[j] + kk)
+                                    : load_cached(arow[j] + kk);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (BLOCK) {
+        // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
+        // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
         const int s = s0 + u * kWarps;
-        const int kk = s * KSTEP;
-        // k is a multiple of V (checked by the launcher), so a vector is entirely in or out.
-        const bool kok = s < nsteps && kk + t * V < k;
+        if (s >= nsteps) continue;  // warp-uniform
+        const int kb = (s * KSTEP) / 128;
+        float sa[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + 2 * t + e;
+            sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
+          }
+#pragma unroll
+        for (int r = 0; r < RS; ++r) {
+          // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
+          const int row = n0 + r * 16;
+          const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
+                             av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
+                             av[u][j].z, av[u][j].w);
+#pragma unroll
+            for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
+          }
+        }
+      } else {
 #pragma unroll
         for (int r = 0; r < RS; ++r)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-          av[u][j] = !(kok && aok[j]) ? zero
-                     : kStreamAct     ? load_stream(arow[j] + kk)
-                                      : load_cached(arow[j] + kk);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (BLOCK) {
-          // Scaled partial sums: the two MMAs of one step lie in one 128-wide K block, so they
-          // accumulate into a fresh fragment that is scaled by a_scale[token] * b_scale[block].
-          const int s = s0 + u * kWarps;
-          if (s >= nsteps) continue;  // warp-uniform
-          const int kb = (s * KSTEP) / 128;
-          float sa[NT][2];
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int tok = j * 8 + 2 * t + e;
-              sa[j][e] = tok < m ? bs_a[int64_t(tok) * p.sam + int64_t(kb) * p.sak] : 0.f;
-            }
-#pragma unroll
-          for (int r = 0; r < RS; ++r) {
-            // Rows g and g + 8 of a 16-row slab share one 128-row block (n0 is a multiple of 16).
-            const int row = n0 + r * 16;
-            const float sb = row < n ? bs_b[int64_t(row / 128) * p.sbn + int64_t(kb) * p.sbk] : 0.f;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              float c[4] = {0.f, 0.f, 0.f, 0.f};
-              Mma<TW, TA>::run(c, wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y, wv[u][r][1].y,
-                               av[u][j].x, av[u][j].y);
-              Mma<TW, TA>::run(c, wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w, wv[u][r][1].w,
-                               av[u][j].z, av[u][j].w);
-#pragma unroll
-              for (int ci = 0; ci < 4; ++ci) acc[r][j][ci] += c[ci] * (sb * sa[j][ci & 1]);
-            }
+          for (int j = 0; j < NT; ++j) {
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
+                             wv[u][r][1].y, av[u][j].x, av[u][j].y);
+            Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
+                             wv[u][r][1].w, av[u][j].z, av[u][j].w);
           }
-        } else {
-#pragma unroll
-          for (int r = 0; r < RS; ++r)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              Mma<TW, TA>::run(acc[r][j], wv[u][r][0].x, wv[u][r][1].x, wv[u][r][0].y,
-                               wv[u][r][1].y, av[u][j].x, av[u][j].y);
-              Mma<TW, TA>::run(acc[r][j], wv[u][r][0].z, wv[u][r][1].z, wv[u][r][0].w,
-                               wv[u][r][1].w, av[u][j].z, av[u][j].w);
-            }
-        }
       }
     }
-  };
-  // (Block-scaled units keep the cached form only: their per-step scale registers spill with two.)
-  if (!BLOCK && act_once)
-    mainloop(std::integral_constant<bool, !BLOCK>{});
-  else
-    mainloop(std::false_type{});
+  }
 
 #pragma unroll
   for (int r = 0; r < RS; ++r)
@@ -390,11 +384,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
 #endif
 }
 
-template <int NT, int RS, int U, bool BLOCK, int KS = 1>
+template <int NT, int RS, int U, bool BLOCK, int KS = 1, bool XS = false>
 cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t stream) {
   dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS) * KS), unsigned(tiles_y), unsigned(l));
   if constexpr (KS == 1) {
-    gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, 1>
+    gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, 1, XS>
         <<<grid, kWarps * 32, 0, stream>>>(p);
     return cudaGetLastError();
   } else {
@@ -409,8 +403,8 @@ cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, KS>,
-                              p);
+    return cudaLaunchKernelEx(
+        &cfg, gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, KS, XS>, p);
   }
 }
 
@@ -529,7 +523,7 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
 #if FI_GEMV_SM90
   if constexpr (FI_GEMV_SEG == 2) {
     if (bs_a == nullptr && n <= 16)
-      return (int)launch<4, 1, 2, false, 2>(p, 1, total_rows / 32 + num_segs, stream);
+      return (int)launch<4, 1, 2, false, 2, true>(p, 1, total_rows / 32 + num_segs, stream);
   }
 #endif
   return (int)(bs_a != nullptr ? dispatch<true>(p, 1, tiles, 16, stream)
