@@ -336,10 +336,12 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   const int nunits = (p.hq / p.group) * p.nsub;
   const int item = int(blockIdx.x) / nunits;
   const int unit = int(blockIdx.x) - item * nunits;
+  // The work item is read before the num_work test (both loads in flight at once, not one after
+  // the other): the work buffer holds the whole grid's items, idle ones included.
+  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
   if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
   const int kvh = unit / p.nsub;
   const int qh0 = kvh * p.group + (unit % p.nsub) * GH;
-  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
   const int req = w.x, part = w.w;
   const int page_lo = p.indptr[req];
   const int npages = p.indptr[req + 1] - page_lo;
