@@ -139,6 +139,11 @@ aot = _declare(Knob(
     "When building a wheel, compile the package's declared kernel variants into it "
     "(for FI_CUDA_ARCH_LIST)."))
 
+gemm_tuning = _declare(Knob(
+    "FI_GEMM_TUNING", "bool", "1",
+    "Use the GEMM unit choices recorded by fi_gemm.autotune() in the cache's tuning/ files; 0 "
+    "ignores them (every GEMM takes its shape-class table unit)."))
+
 no_jit = _declare(Knob(
     "FI_NO_JIT", "bool", "0",
     "Never compile at run time: a kernel missing from the prebuilt set and the cache is an error."))

@@ -6,9 +6,10 @@ from .dense.api import bmm_bf16, bmm_fp8, mm_bf16
 from .segment.api import SegmentGEMMWrapper, grouped_mm_bf16
 from .fp8.groupwise import gemm_fp8_nt_groupwise, group_gemm_fp8_nt_groupwise
 from .fp8.quant import quantize_fp8_block, quantize_fp8_per_tensor, quantize_fp8_per_token_group
+from .tuning import autotune
 
 __all__: list[str] = [
-    "SegmentGEMMWrapper", "__version__", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise",
+    "SegmentGEMMWrapper", "__version__", "autotune", "bmm_bf16", "bmm_fp8", "gemm_fp8_nt_groupwise",
     "group_gemm_fp8_nt_groupwise", "grouped_mm_bf16", "mm_bf16", "quantize_fp8_block",
     "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
 ]

@@ -6,11 +6,13 @@ every dtype combination is tested at a few M only. All kernel modules used here 
 front in one parallel build (see `_warm`), so compile time is paid once.
 """
 
+import json
+
 import pytest
 import torch
 
 from fi_core import arch_of, load_many, testing
-from fi_gemm import bmm_bf16, bmm_fp8, mm_bf16
+from fi_gemm import autotune, bmm_bf16, bmm_fp8, mm_bf16, tuning
 from fi_gemm.dense import api
 from fi_gemm.dense import spec as dense_spec
 from fi_gemm.dense.reference import gemm_reference
@@ -210,3 +212,53 @@ def test_gemv_m16_units(mode, m, n, k, monkeypatch, _fresh_dispatch):
     testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
     used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
     assert f"gemv_bf16_bf16_bf16_m16v{mode}" in used, f"mode {mode} did not run: {sorted(used)}"
+
+
+@pytest.fixture
+def _tuning_file(tmp_path, monkeypatch):
+    """Records in a private file (the kernel cache stays where the compiled modules are)."""
+    path = tmp_path / "tuning.json"
+    monkeypatch.setattr(tuning, "_path", lambda name: path)
+    tuning.forget()
+    api._CHOICE.clear()
+    yield path
+    tuning.forget()
+    api._CHOICE.clear()
+
+
+def test_autotune_times_the_table_and_later_processes_reuse_the_choice(_tuning_file, _fp8_candidates):
+    m, n, k = 320, 1088, 1152
+    A, W, sa, sb = _fp8_operands(1, m, n, k, e4m3, e4m3, seed=70)
+    ref = gemm_reference(A, W, bf16, None, sa, sb)
+    with autotune():
+        tuned = bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16)
+    testing.assert_close(tuned, ref, dtype=bf16)  # the call's own result comes from the chosen unit
+    entry = json.loads(_tuning_file.read_text())["entries"][
+        "bmm_fp8|float8_e4m3fn|float8_e4m3fn|bfloat16|320|1088|1152|1"]
+    assert set(entry["us"]) == set(dense_spec.CONFIGS_FP8), entry
+    assert entry["config"] == min(entry["us"], key=entry["us"].get)
+    tuning.forget()  # a new process: outside any autotune() the recorded unit runs
+    api._CHOICE.clear()
+    again = bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16)
+    used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
+    assert used == {f"gemm_sm90_e4m3_e4m3_bf16_{entry['config']}"}, used
+    assert torch.equal(again, tuned), "the same unit on the same inputs must be bit-identical"
+
+
+def test_autotune_leaves_graph_capture_and_decode_shapes_alone(_tuning_file):
+    a, w = _operands(300, 512, 1024, bf16, seed=71)
+    out = torch.empty(300, 512, dtype=bf16, device=DEV)
+    small = torch.empty(8, 512, dtype=bf16, device=DEV)
+    mm_bf16(a, w.T, out=out)  # warm-up outside the capture
+    mm_bf16(a[:8], w.T, out=small)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with autotune(), torch.cuda.graph(g):
+        mm_bf16(a, w.T, out=out)  # capturing: no timing, the table's unit
+    with autotune():
+        mm_bf16(a[:8], w.T, out=small)  # M <= 16: the weight-streaming kernel, nothing to tune
+    assert not _tuning_file.exists()
+    g.replay()
+    torch.cuda.synchronize()
+    testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
+    testing.assert_close(small, gemm_reference(a[:8], w, bf16), dtype=bf16)

@@ -23,11 +23,12 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, device_info, load, register_op
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
+from .. import tuning
 from .reference import gemm_reference
-from .spec import FP8, gemm_sm90_spec, gemv_spec, sm90_config
+from .spec import CONFIGS_16BIT, CONFIGS_FP8, FP8, gemm_sm90_spec, gemv_spec, sm90_config
 
 _16BIT = (torch.bfloat16, torch.float16)
 _OUT = (torch.bfloat16, torch.float16)
@@ -191,11 +192,22 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
     # Keyed by the resolved unit name (not the shape class): switching spec.FP8_LARGE for an A/B
     # run picks the other unit on the next call instead of a stale memo.
     config = sm90_config(a.dtype, M, N, L)
+    if M > 16:  # the CUTLASS range: a recorded or (inside fi_gemm.autotune) timed unit
+        recs = tuning.RECORDS.get(dev.index)
+        if recs is None:
+            recs = _records(dev)
+        if recs or tuning.active():
+            config = _tuned_config(op_name, dev, a, w, out, bias, scale_a, scale_b, M, N, K, L,
+                                   st, k_ok, d_ok, backend, config, recs)
     key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, config, k_ok, d_ok, backend)
     plan = _CHOICE.get(key)
     if plan is None:
         plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok,
                                     backend)
+    _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev)
+
+
+def _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev) -> None:
     name, mod = plan
     if mod is None:
         if name == "torch":
@@ -215,6 +227,44 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
         ws, ws_bytes = _workspace(mod, M, N, K, L, dev, stream)
         mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                          lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)
+
+
+# ---- autotuning (fi_gemm.autotune) ----------------------------------------------------------
+_FP8_NAMES = {str(t).removeprefix("torch.") for t in FP8}
+
+
+def _valid_record(key: tuple, unit: str) -> bool:
+    """A recorded unit must exist in the table of its dtype (tables change between versions)."""
+    return unit in (CONFIGS_FP8 if key[1] in _FP8_NAMES else CONFIGS_16BIT)
+
+
+def _records(dev: torch.device) -> dict:
+    info = device_info(dev.index)
+    return tuning.load(dev.index, info.name, str(info.arch), _valid_record)
+
+
+def _tuned_config(op_name, dev, a, w, out, bias, scale_a, scale_b, M, N, K, L, st, k_ok, d_ok,
+                  backend, config, recs) -> str:
+    """The recorded unit of this exact problem, else (while tuning, not capturing a graph, on
+    the CUTLASS path) the fastest unit of the table timed on these operands, else `config`."""
+    key = tuning.problem_key(op_name, a.dtype, w.dtype, out.dtype, M, N, K, L)
+    unit = recs.get(key)
+    if unit is not None or not tuning.active() or torch.cuda.is_current_stream_capturing():
+        return unit or config
+    if _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend)[0] != "cutlass_sm90":
+        return config  # the table's path is not a CUTLASS unit here: nothing to choose from
+    stream = torch.cuda.current_stream(dev)
+
+    def time_us(unit: str):
+        plan = _plan(op_name, dev, a, w, out, M, N, K, L, unit, k_ok, d_ok, backend)
+        if plan[0] != "cutlass_sm90":
+            return None
+        return tuning.time_launch(
+            lambda: _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev), stream)
+
+    best, times = tuning.fastest(list(CONFIGS_FP8 if a.dtype in FP8 else CONFIGS_16BIT), time_us)
+    tuning.record(dev.index, key, best, times)
+    return best
 
 
 @torch.library.custom_op("fi_gemm::gemm", mutates_args=("out",))
