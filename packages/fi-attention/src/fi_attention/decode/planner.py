@@ -46,9 +46,8 @@ CTA_COST_TOKENS = 175
 MERGE_COST_TOKENS = 135
 # Grids of several waves, in "tokens one CTA streams" (the unit above times CTAs per SM): the
 # prologue and epilogue of a CTA after the first wave, mostly hidden by the other CTAs of its SM;
-# the merge. These reproduce
-# the H200's large-batch results (b128 kv8192: 5 chunks per request, 12.9 waves, 970 us; whole
-# requests, 2.59 waves, 86 % of the bandwidth).
+# the merge. These reproduce the H200's large-batch results (b128 kv8192: 5 chunks per request,
+# 12.9 waves, 970 us; whole requests, 2.59 waves, 86 % of the bandwidth).
 WAVE_CTA_COST_TOKENS = 24
 WAVE_MERGE_COST_TOKENS = 64
 # Most waves the automatic split goes to; bounds the work items (CUDA-graph capacity).
@@ -166,7 +165,7 @@ def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per
 
 
 # Candidate divisors: the longest request in k = 1..MAX_PIECES equal pieces, the whole batch in
-# j = 1..MAX_WAVES * ctas_per_sm CTAs per SM.
+# j = 1..MAX_WAVES * ctas_per_sm CTAs per SM (ctas_per_sm counted up to 4).
 _PIECES = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
 _PER_SM = np.arange(1, MAX_WAVES * 4 + 1, dtype=np.int64)
 
@@ -185,11 +184,11 @@ def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capa
     if batch > limit:
         return longest
     total = batch * longest if uniform else int(kv_lens.sum())
-    per_sm = sm_count / max(kv_units, 1)  # items per CTA per SM
+    sm_items = sm_count / max(kv_units, 1)  # work items that put one CTA on every SM
     j = _PER_SM[: MAX_WAVES * max(ctas_per_sm, 1)]
     # ceil(x / d) - 1 = (x - 1) // d; rounding ceil(x / d) up to CHUNK_ALIGN is then (q + A) // A * A
     q = np.concatenate(((longest - 1) // _PIECES,
-                        (total - 1) // np.maximum(np.floor(j * per_sm), 1).astype(np.int64)))
+                        (total - 1) // np.maximum(np.floor(j * sm_items), 1).astype(np.int64)))
     cands = (q + CHUNK_ALIGN) // CHUNK_ALIGN * CHUNK_ALIGN
     np.maximum(cands, MIN_CHUNK_TOKENS, out=cands)
     np.minimum(cands, longest, out=cands)

@@ -204,7 +204,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     }
     __syncthreads();
     const int64_t row0 = seg_row0;
-    if (row0 < 0) return;  // surplus tile; uniform across the CTA
+    // A surplus tile: uniform across the CTA and, with KS > 1, across its cluster (the cluster's
+    // CTAs share blockIdx.y), so no CTA is left waiting at a cluster barrier.
+    if (row0 < 0) return;
     const int64_t wi = seg_wi;
     m = seg_m;
     act += row0 * p.lda;
@@ -445,8 +447,8 @@ cudaError_t dispatch(const GemvParams& p, int64_t l, int64_t tiles_y, int max_m,
                      : launch<1, 1, kU8, BLOCK>(p, l, tiles_y, stream);
   if (two_slabs) return launch<2, 2, 2, BLOCK>(p, l, tiles_y, stream);
 #if FI_GEMV_SM90
-  // Clusters only in the plain GEMM (tiles_y == 1): segment mode's surplus tiles exit early.
-  // fp8 weights keep one CTA per 16 rows (bmm_fp8 M = 16 meets its target; the pair spills).
+  // The pair serves the plain GEMM (tiles_y == 1) only; segment mode has its own N <= 16 unit
+  // (fi_gemv_segment). fp8 weights keep one CTA per 16 rows: their pair instantiation spills.
   if constexpr (!BLOCK && !kFp8 && FI_GEMV_M16 == 2) {
     if (tiles_y == 1) return launch<2, 2, 2, false, 2>(p, l, tiles_y, stream);
   }
