@@ -91,19 +91,26 @@ def _model_time(items: np.ndarray, chunks: np.ndarray, total: int, longest: int,
     item counts."""
     slots = max(1, sm_count * ctas_per_sm)
     ctas = items * kv_units
-    cta = np.minimum(chunks, longest)
-    split = chunks < longest
-    # One wave: every CTA is resident from the start.
+    cta = np.minimum(chunks, longest).astype(np.float64)
+    split = np.where(chunks < longest, 1.0, 0.0)
+    # One wave: every CTA is resident from the start. (In-place numpy: this runs on every
+    # non-uniform plan(), where each numpy call is ~1 us of host time.)
     per_sm = (ctas + (sm_count - 1)) // sm_count
-    rate = np.where(per_sm <= 1, ONE_CTA_RATE, MULTI_CTA_RATE)
-    one = (np.maximum(total * kv_units / sm_count, per_sm * cta / rate)
-           + per_sm * CTA_COST_TOKENS + np.where(split, MERGE_COST_TOKENS, 0))
+    one = per_sm * cta
+    one *= np.where(per_sm <= 1, 1.0 / ONE_CTA_RATE, 1.0 / MULTI_CTA_RATE)
+    np.maximum(one, total * kv_units / sm_count, out=one)
+    one += per_sm * CTA_COST_TOKENS
+    one += split * MERGE_COST_TOKENS
     # Several waves: equal CTAs take ceil(ctas / slots) waves of the longest; unequal ones are
     # bounded by greedy list scheduling (total / slots + longest CTA). Both are upper bounds.
     c = cta + WAVE_CTA_COST_TOKENS
-    waves = (ctas + (slots - 1)) // slots * c
-    greedy = (ctas * WAVE_CTA_COST_TOKENS + total * kv_units) / slots + c
-    many = (np.minimum(waves, greedy) + np.where(split, WAVE_MERGE_COST_TOKENS, 0)) * (slots / sm_count)
+    many = (ctas + (slots - 1)) // slots * c
+    greedy = ctas * (WAVE_CTA_COST_TOKENS / slots)
+    greedy += c
+    greedy += total * kv_units / slots
+    np.minimum(many, greedy, out=many)
+    many += split * WAVE_MERGE_COST_TOKENS
+    many *= slots / sm_count
     # ... plus the first wave's prologues, which nothing hides (as in a one-wave grid).
     many += ctas_per_sm * CTA_COST_TOKENS
     return np.where(ctas <= slots, one, many)
@@ -165,16 +172,25 @@ def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per
 
 
 # Candidate divisors: the longest request in k = 1..MAX_PIECES equal pieces, the whole batch in
-# j = 1..MAX_WAVES * ctas_per_sm CTAs per SM (ctas_per_sm counted up to 4).
+# one or two CTAs per SM or in w = 1..MAX_WAVES whole waves (few candidates: each costs a share of
+# the ~1 us per numpy call of a non-uniform batch's search).
 _PIECES = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
-_PER_SM = np.arange(1, MAX_WAVES * 4 + 1, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_divisors(kv_units: int, sm_count: int, ctas_per_sm: int) -> np.ndarray:
+    """Work-item counts that put j CTAs on every SM, for the candidate j (read-only)."""
+    j = np.unique(np.concatenate((np.array([1, 2], dtype=np.int64),
+                                  ctas_per_sm * np.arange(1, MAX_WAVES + 1, dtype=np.int64))))
+    d = np.maximum(np.floor(j * (sm_count / max(kv_units, 1))), 1).astype(np.int64)
+    d.flags.writeable = False
+    return d
 
 
 def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform) -> int:
     """The candidate chunk with the smallest modelled time (ties: the larger chunk, for fewer
     items and less merge traffic); ``longest`` means no split. About 30 numpy calls on arrays of
-    MAX_PIECES + MAX_WAVES * ctas_per_sm candidates: each costs about a microsecond, whatever the
-    batch."""
+    MAX_PIECES + MAX_WAVES + 2 candidates: each costs about a microsecond, whatever the batch."""
     limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
     if capacity is not None:
         limit = min(limit, capacity)
@@ -184,11 +200,9 @@ def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capa
     if batch > limit:
         return longest
     total = batch * longest if uniform else int(kv_lens.sum())
-    sm_items = sm_count / max(kv_units, 1)  # work items that put one CTA on every SM
-    j = _PER_SM[: MAX_WAVES * max(ctas_per_sm, 1)]
     # ceil(x / d) - 1 = (x - 1) // d; rounding ceil(x / d) up to CHUNK_ALIGN is then (q + A) // A * A
     q = np.concatenate(((longest - 1) // _PIECES,
-                        (total - 1) // np.maximum(np.floor(j * sm_items), 1).astype(np.int64)))
+                        (total - 1) // _batch_divisors(kv_units, sm_count, max(ctas_per_sm, 1))))
     cands = (q + CHUNK_ALIGN) // CHUNK_ALIGN * CHUNK_ALIGN
     np.maximum(cands, MIN_CHUNK_TOKENS, out=cands)
     np.minimum(cands, longest, out=cands)
