@@ -166,3 +166,55 @@ def test_the_dispatch_reads_a_device_file_once(monkeypatch, _cache):
     tuning.forget()
     assert api._records(dev) == {KEY16: "mid"}
     assert tuning.RECORDS.get(0) == {KEY16: "mid"}  # what the dispatch consults on later calls
+
+
+def test_tuned_config_times_the_table_once_and_respects_capture(monkeypatch, _cache):
+    """api._tuned_config with the GPU parts stood in: _plan (which unit runs), the timer and the
+    capture query. It must time every unit of the dtype's table once, keep the fastest, record
+    it, and leave graph capture, non-CUTLASS paths and calls outside autotune() to the table."""
+    from fi_gemm.dense import spec
+
+    monkeypatch.setattr(api, "device_info", lambda i: type("I", (), {"name": DEV, "arch": "9.0a"}))
+    path_of = {"large": "cutlass_sm90", "mid": "cutlass_sm90", "t128x128_c2x1": "cutlass_sm90"}
+    monkeypatch.setattr(api, "_plan", lambda *a: (path_of[a[9]], object()))
+    fake_us = {"large": 9.0, "mid": 12.0, "t128x128_c2x1": 8.5}
+    timed = []
+
+    def fake_time(fn, stream):
+        return fake_us[timed[-1]]
+
+    def fake_launch(plan, *a):
+        pass
+
+    monkeypatch.setattr(api, "_launch", fake_launch)
+    monkeypatch.setattr(tuning, "time_launch", fake_time)
+    real_plan = api._plan
+    monkeypatch.setattr(api, "_plan", lambda *a: (timed.append(a[9]), real_plan(*a))[1])
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: None)
+
+    dev = torch.device("cuda", 0)
+    a = torch.empty(320, 1152, dtype=torch.float8_e4m3fn)
+    w = torch.empty(1088, 1152, dtype=torch.float8_e4m3fn)
+    out = torch.empty(320, 1088, dtype=torch.bfloat16)
+    args = ("bmm_fp8", dev, a, w, out, None, None, None, 320, 1088, 1152, 1, (0,) * 6, True, True,
+            "auto", "large")
+    recs = api._records(dev)
+    assert api._tuned_config(*args, recs) == "large" and timed == []  # not tuning: the table
+    with autotune():
+        capturing[0] = True
+        assert api._tuned_config(*args, recs) == "large" and timed == []  # capture: never timed
+        capturing[0] = False
+        assert api._tuned_config(*args, recs) == "t128x128_c2x1"
+    assert sorted(set(timed)) == sorted(spec.CONFIGS_FP8)  # every unit of the fp8 table
+    assert tuning.RECORDS[0][KEY] == "t128x128_c2x1"
+    timed.clear()
+    with autotune():  # recorded: no second timing
+        assert api._tuned_config(*args, tuning.RECORDS[0]) == "t128x128_c2x1" and timed == []
+    tuning.forget()  # a later process reads the record back
+    assert api._tuned_config(*args, api._records(dev)) == "t128x128_c2x1"
+    path_of["large"] = "torch"  # the table's path is not a CUTLASS unit: nothing to choose from
+    other = args[:8] + (640,) + args[9:]  # a problem without a record
+    with autotune(persist=False):
+        assert api._tuned_config(*other, tuning.RECORDS[0]) == "large" and timed == ["large"]
