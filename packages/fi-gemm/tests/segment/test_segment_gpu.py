@@ -44,6 +44,22 @@ def test_segment_gemm(lens, n, k, column_major):
     testing.assert_close(out, ref, dtype=bf16)
 
 
+def _check_column_major(lens, n, k, num_weights, seed):
+    """Column-major weights, segments given by seg_indptr, weight i of segment s chosen by a
+    stride that visits every weight: out against the reference."""
+    total = sum(lens)
+    x = testing.randn((total, k), bf16, DEV, seed=seed)
+    w = testing.randn((num_weights, n, k), bf16, DEV, seed=seed + 1, scale=k ** -0.5)
+    widx = torch.tensor([(5 * i + 2) % num_weights for i in range(len(lens))], device=DEV)
+    indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
+    out = testing.empty_poisoned((total, n), bf16, DEV)
+    SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV)).run(
+        x, w, len(lens), True, out=out, seg_indptr=indptr, weight_indices=widx)
+    ref = torch.empty_like(out)
+    segment_gemm_reference(x, w, indptr, widx, ref)
+    testing.assert_close(out, ref, dtype=bf16)
+
+
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("lens", [[512] * 3, [0, 1, 31, 32, 33, 0, 95], [40] * 70])
 def test_segment_gemm_units(mode, lens, monkeypatch):
@@ -55,17 +71,7 @@ def test_segment_gemm_units(mode, lens, monkeypatch):
     monkeypatch.setattr(dense_spec, "GEMV_SEG", mode)
     dense_spec.gemv_spec.cache_clear()
     try:
-        total, n, k = sum(lens), 16, 776
-        x = testing.randn((total, k), bf16, DEV, seed=8)
-        w = testing.randn((3, n, k), bf16, DEV, seed=9, scale=k ** -0.5)
-        widx = torch.tensor([(i * 2 + 1) % 3 for i in range(len(lens))], device=DEV)
-        indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
-        out = testing.empty_poisoned((total, n), bf16, DEV)
-        SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV)).run(
-            x, w, len(lens), True, out=out, seg_indptr=indptr, weight_indices=widx)
-        ref = torch.empty_like(out)
-        segment_gemm_reference(x, w, indptr, widx, ref)
-        testing.assert_close(out, ref, dtype=bf16)
+        _check_column_major(lens, 16, 776, 3, seed=8)
     finally:
         dense_spec.gemv_spec.cache_clear()
 
@@ -73,18 +79,7 @@ def test_segment_gemm_units(mode, lens, monkeypatch):
 def test_segment_gemm_many_segments():
     """70 segments: the kernel finds a tile's segment 32 segments per round (three rounds here),
     with empty segments in every round and at the end (surplus tiles exit)."""
-    lens = [(7 * i) % 37 for i in range(69)] + [0]
-    total, n, k = sum(lens), 24, 256
-    x = testing.randn((total, k), bf16, DEV, seed=6)
-    w = testing.randn((9, n, k), bf16, DEV, seed=7, scale=k ** -0.5)
-    widx = torch.tensor([(5 * i + 2) % 9 for i in range(len(lens))], device=DEV)
-    indptr = torch.tensor(list(itertools.accumulate(lens, initial=0)), device=DEV)
-    out = testing.empty_poisoned((total, n), bf16, DEV)
-    SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV)).run(
-        x, w, len(lens), True, out=out, seg_indptr=indptr, weight_indices=widx)
-    ref = torch.empty_like(out)
-    segment_gemm_reference(x, w, indptr, widx, ref)
-    testing.assert_close(out, ref, dtype=bf16)
+    _check_column_major([(7 * i) % 37 for i in range(69)] + [0], 24, 256, 9, seed=6)
 
 
 @pytest.mark.parametrize("out_dtype", [bf16, torch.float32])
