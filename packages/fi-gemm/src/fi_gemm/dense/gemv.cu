@@ -136,7 +136,7 @@ template <typename TA, typename TW, typename TD, typename TB, int NT, int RS, in
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p) {
   static_assert(sizeof(TA) == sizeof(TW), "activation and weight must have the same width");
   static_assert(KS == 1 || (FI_GEMV_SM90 && !BLOCK), "K split across a cluster: sm_90, unscaled");
-  static_assert(KS == 1 || KS == 2, "one CTA or a 2-CTA cluster along x");
+  static_assert(KS == 1 || KS == 2, "one CTA or a CTA pair along x");
   static_assert(!XS || !BLOCK, "block-scaled units read their activations through the cache");
   constexpr int V = 16 / sizeof(TW);  // elements per 16-byte vector
   constexpr int KSTEP = 4 * V;        // k covered by one warp step (4 lanes across k)
@@ -336,21 +336,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
       for (int c = 0; c < 4; ++c) red[warp][(r * NT + j) * 4 + c][lane] = acc[r][j][c];
   __syncthreads();
 
-  // With a K split, each CTA of the cluster finishes 1 / KS of the outputs, adding the other
-  // CTAs' partial sums read from their shared memory.
-  static_assert((NACC * 32) % KS == 0, "outputs must divide evenly among the cluster");
-  const float* other[KS > 1 ? KS - 1 : 1] = {};
+  // With a K split, each CTA of the pair finishes half of the outputs, adding the partner's
+  // partial sums read from its shared memory.
+  const float* other = nullptr;
   int idx0 = 0, idx1 = NACC * 32;
 #if FI_GEMV_SM90
-  if constexpr (KS > 1) {
+  if constexpr (KS == 2) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
-    cl.sync();  // every CTA's red is written and visible cluster-wide
+    cl.sync();  // both CTAs' red is written and visible cluster-wide
     const unsigned rank = cl.block_rank();
-#pragma unroll
-    for (int o = 1; o < KS; ++o) other[o - 1] = cl.map_shared_rank(&red[0][0][0], (rank + o) % KS);
-    idx0 = int(rank) * (NACC * 32 / KS);
-    idx1 = idx0 + NACC * 32 / KS;
+    other = cl.map_shared_rank(&red[0][0][0], rank ^ 1u);
+    idx0 = int(rank) * (NACC * 16);
+    idx1 = idx0 + NACC * 16;
   }
 #endif
   float scale = 1.f;
@@ -363,11 +361,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     float sum = 0.f;
 #pragma unroll
     for (int wp = 0; wp < kWarps; ++wp) sum += red[wp][i][ln];
-    if (KS > 1) {
+    if (KS == 2) {
 #pragma unroll
-      for (int o = 0; o < KS - 1; ++o)
-#pragma unroll
-        for (int wp = 0; wp < kWarps; ++wp) sum += other[o][(wp * NACC + i) * 32 + ln];
+      for (int wp = 0; wp < kWarps; ++wp) sum += other[(wp * NACC + i) * 32 + ln];
     }
     // Accumulator element c of MMA (r, j): W row g + 8 * (c / 2), token 2 * t + c % 2.
     const int c = i & 3;
@@ -523,7 +519,8 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   p.bs_b = static_cast<const float*>(bs_b);
   p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk; p.sbl = sbl;
 #if FI_GEMV_SM90
-  if constexpr (FI_GEMV_SEG == 2) {
+  // 16-bit only: fp8 segments always carry block scales (group_gemm_fp8_nt_groupwise).
+  if constexpr (FI_GEMV_SEG == 2 && sizeof(FI_TW) == 2) {
     if (bs_a == nullptr && n <= 16)
       return (int)launch<4, 1, 2, false, 2, true>(p, 1, total_rows / 32 + num_segs, stream);
   }
