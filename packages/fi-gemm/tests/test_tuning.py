@@ -180,7 +180,7 @@ def test_tuned_config_times_the_table_once_and_respects_capture(monkeypatch, _ca
     fake_us = {"large": 9.0, "mid": 12.0, "t128x128_c2x1": 8.5}
     timed = []
 
-    def fake_time(fn, stream):
+    def fake_time(fn):
         return fake_us[timed[-1]]
 
     def fake_launch(plan, *a):
@@ -192,7 +192,6 @@ def test_tuned_config_times_the_table_once_and_respects_capture(monkeypatch, _ca
     monkeypatch.setattr(api, "_plan", lambda *a: (timed.append(a[9]), real_plan(*a))[1])
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: None)
 
     dev = torch.device("cuda", 0)
     a = torch.empty(320, 1152, dtype=torch.float8_e4m3fn)

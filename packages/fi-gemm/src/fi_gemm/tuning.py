@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import re
-import statistics
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -209,24 +208,9 @@ def fastest(candidates: list[str], time_us: Callable[[str], Optional[float]]) ->
     return min(times, key=lambda c: (times[c], candidates.index(c))), times
 
 
-def time_launch(fn: Callable[[], None], stream, min_ms: float = 2.0, max_reps: int = 50) -> float:
-    """Median time of fn() in microseconds on `stream` (a torch.cuda.Stream): one warm-up call,
-    then enough calls for ~min_ms of events, five at least."""
-    import torch  # noqa: PLC0415
+def time_launch(fn: Callable[[], None]) -> float:
+    """Median time of fn() in microseconds: fi-core's benchmark timer (CUDA events on the current
+    stream, which the launches use), eager, one warm-up call, 10 timings of 3 calls each."""
+    from fi_core.bench import time_fn  # noqa: PLC0415  (torch's CUDA side, only when tuning)
 
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    fn()
-    end.record(stream)
-    end.synchronize()
-    first = start.elapsed_time(end)
-    reps = max(5, min(max_reps, int(min_ms / max(first, 1e-3))))
-    times = []
-    for _ in range(reps):
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return time_fn(fn, [()], use_graph=False, reps=10, warmup=1, min_calls_per_replay=3).median_us

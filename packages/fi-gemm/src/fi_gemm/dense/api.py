@@ -253,14 +253,13 @@ def _tuned_config(op_name, dev, a, w, out, bias, scale_a, scale_b, M, N, K, L, s
         return unit or config
     if _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend)[0] != "cutlass_sm90":
         return config  # the table's path is not a CUTLASS unit here: nothing to choose from
-    stream = torch.cuda.current_stream(dev)
 
     def time_us(unit: str):
         plan = _plan(op_name, dev, a, w, out, M, N, K, L, unit, k_ok, d_ok, backend)
         if plan[0] != "cutlass_sm90":
             return None
         return tuning.time_launch(
-            lambda: _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev), stream)
+            lambda: _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev))
 
     best, times = tuning.fastest(list(CONFIGS_FP8 if a.dtype in FP8 else CONFIGS_16BIT), time_us)
     tuning.record(dev.index, key, best, times)
