@@ -62,7 +62,10 @@ def require_nvcc() -> Path:
 
 
 def compile_command(spec: KernelSpec, src: Path, obj: Path, nvcc: Path) -> list[str]:
-    cmd = [str(nvcc), *base_nvcc_flags(), spec.arch.gencode]
+    # FI_TARGET_CC (e.g. 90) tells the host code of a module which GPU it is built for, where
+    # __CUDA_ARCH__ exists only in device code: a launcher that uses an sm_90 feature (clusters)
+    # decides at compile time. It is a function of spec.arch, which the cache key covers.
+    cmd = [str(nvcc), *base_nvcc_flags(), spec.arch.gencode, f"-DFI_TARGET_CC={spec.arch.cc}"]
     for d in spec.search_dirs():
         cmd += ["-I", str(d)]
     cmd += [f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in spec.defines]

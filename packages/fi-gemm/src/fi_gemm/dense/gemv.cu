@@ -26,10 +26,12 @@
 
 #include "fi/common.cuh"
 
-// FI_GEMV_SM90 (set by the spec for sm_90 builds): thread-block clusters are available.
-#ifndef FI_GEMV_SM90
-#define FI_GEMV_SM90 0
+// Thread-block clusters are available (FI_TARGET_CC: the build's GPU, from fi-core's compile
+// command, visible to host and device code alike).
+#ifndef FI_TARGET_CC
+#error "gemv.cu is built through fi-core's compile command, which defines FI_TARGET_CC"
 #endif
+#define FI_GEMV_SM90 (FI_TARGET_CC >= 90)
 #if FI_GEMV_SM90
 #include <cooperative_groups.h>
 #endif

@@ -159,8 +159,6 @@ def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype
     if GEMV_SEG:
         tuning["FI_GEMV_SEG"] = GEMV_SEG
         suffix += f"_seg{GEMV_SEG}"
-    if arch.cc >= 90:
-        tuning["FI_GEMV_SM90"] = 1
     return KernelSpec(
         name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}{suffix}",
         sources=(_HERE / "gemv.cu",),
