@@ -44,7 +44,8 @@ def mm_bf16_routine(args: RoutineArgs):
     dev = args.device
     configs = MM_CONFIGS[2:] if args.quick else MM_CONFIGS
     # A/B of the weight-streaming kernel: u8=N (spec.GEMV_U8) builds it with that many K steps in
-    # flight for M <= 8; only the M <= 16 rows run then, labelled with the suffix.
+    # flight for M <= 8, m16=N (spec.GEMV_M16) picks its M = 9..16 unit; only the M <= 16 rows run
+    # then, labelled with the suffix.
     gemv_tuning = apply_tuning(args, dense_spec, {"u8": "GEMV_U8", "m16": "GEMV_M16"}, dense_spec.gemv_spec)
     if gemv_tuning:
         dense_api._CHOICE.clear()  # the dispatch memo holds the default unit's module
