@@ -127,3 +127,16 @@ def gpu_only():
     import pytest  # noqa: PLC0415
 
     return [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")]
+
+
+def require_cc(cc: int, why: str, device="cuda"):
+    """Skip the calling test (or fixture) unless `device` has compute capability `cc` (90 for
+    sm_90 kernels built as sm_90a); returns the device's Arch. `why` is the skip reason."""
+    import pytest  # noqa: PLC0415
+
+    from .arch import arch_of  # noqa: PLC0415
+
+    arch = arch_of(torch.device(device))
+    if arch.cc != cc:
+        pytest.skip(why)
+    return arch

@@ -149,9 +149,7 @@ FP8_CANDIDATES = [c for c in dense_spec.CONFIGS_FP8 if c != "mid"]
 
 @pytest.fixture(scope="module")
 def _fp8_candidates():
-    arch = arch_of(torch.device(DEV))
-    if arch.cc != 90:
-        pytest.skip("the CUTLASS units need sm_90a")
+    arch = testing.require_cc(90, "the CUTLASS units need sm_90a", DEV)
     load_many(dense_spec.fp8_candidate_specs(arch))
 
 
@@ -202,8 +200,7 @@ def _fresh_dispatch():
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("m, n, k", [(16, 1000, 776), (9, 4096, 4096)])
 def test_gemv_m16_units(mode, m, n, k, monkeypatch, _fresh_dispatch):
-    if arch_of(torch.device(DEV)).cc != 90:
-        pytest.skip("the units are built for sm_90 (2 and 3 use thread-block clusters)")
+    testing.require_cc(90, "the units are built for sm_90 (2 uses thread-block clusters)", DEV)
     monkeypatch.setattr(dense_spec, "GEMV_M16", mode)
     dense_spec.gemv_spec.cache_clear()
     a, w = _operands(m, n, k, bf16, seed=90 + mode)

@@ -78,9 +78,7 @@ BLOCKWISE_CANDIDATES = [c for c in fp8_spec.BLOCKWISE_CONFIGS if c != "default"]
 
 @pytest.fixture(scope="module")
 def _blockwise_candidates():
-    arch = arch_of(torch.device(DEV))
-    if arch.cc != 90:
-        pytest.skip("the CUTLASS units need sm_90a")
+    arch = testing.require_cc(90, "the CUTLASS units need sm_90a", DEV)
     load_many(fp8_spec.blockwise_candidate_specs(arch))
 
 

@@ -66,8 +66,7 @@ def test_segment_gemm_units(mode, lens, monkeypatch):
     """The N <= 16 units (dense spec.GEMV_SEG, the bench's seg=N option): 16-row tiles, and
     32-row tiles split over K by a 2-CTA cluster; tile edges at 31/32/33 rows, K = 776 (25 steps
     of 32, split 13 + 12)."""
-    if arch_of(torch.device(DEV)).cc != 90:
-        pytest.skip("the units are built for sm_90 (2 uses thread-block clusters)")
+    testing.require_cc(90, "the units are built for sm_90 (2 uses thread-block clusters)", DEV)
     monkeypatch.setattr(dense_spec, "GEMV_SEG", mode)
     dense_spec.gemv_spec.cache_clear()
     try:
