@@ -211,6 +211,40 @@ def test_gemv_m16_units(mode, m, n, k, monkeypatch, _fresh_dispatch):
     assert f"gemv_bf16_bf16_bf16_m16v{mode}" in used, f"mode {mode} did not run: {sorted(used)}"
 
 
+# Decode shapes wide enough to fill every SM (the two-slab M <= 8 unit from N = 4224, the
+# M = 9..16 units from N = 2112): N not a multiple of 16 (4100: a 4-row last slab), K tails of
+# one 16-byte vector (4104), a K that leaves the 2-CTA pair's second CTA no step (32), batched W
+# (l = 3), bias, fp16 and fp8 operands.
+WIDE_CASES = [  # (m, n, k, dtype, batch, bias)
+    (1, 4100, 4104, bf16, 1, False), (8, 4400, 776, bf16, 1, True), (16, 4096, 4096, bf16, 1, True),
+    (13, 2112, 520, bf16, 1, False), (16, 2112, 32, bf16, 1, False), (5, 1024, 1040, f16, 3, False),
+    (11, 1024, 2056, bf16, 3, False), (16, 4096, 4096, e4m3, 1, False), (3, 4400, 1040, e4m3, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: f"m{c[0]}n{c[1]}k{c[2]}b{c[4]}{c[3]}".replace("torch.", ""))
+def test_gemv_wide_shapes(case):
+    m, n, k, dtype, b, with_bias = case
+    if dtype == e4m3:
+        if arch_of(torch.device(DEV)).cc < 89:
+            pytest.skip("fp8 MMA needs sm_89+")
+        A, W, sa, sb = _fp8_operands(b, m, n, k, e4m3, e4m3, seed=120 + m)
+        out = testing.empty_poisoned((b, m, n), bf16, DEV)
+        bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16, out=out)
+        ref = gemm_reference(A, W, bf16, None, sa, sb)
+    else:
+        A = testing.randn((b, m, k), dtype, DEV, seed=130 + m)
+        W = testing.randn((b, n, k), dtype, DEV, seed=131 + m, scale=k ** -0.5)
+        bias = testing.randn((n,), dtype, DEV, seed=132) if with_bias else None  # mm only
+        out = testing.empty_poisoned((b, m, n), dtype, DEV)
+        if b == 1:
+            mm_bf16(A[0], W[0].T, bias=bias, out=out[0], out_dtype=dtype)
+        else:
+            bmm_bf16(A, W.transpose(-2, -1), out=out, out_dtype=dtype)
+        ref = gemm_reference(A, W, dtype, bias)
+    testing.assert_close(out, ref, dtype=out.dtype)
+
+
 @pytest.fixture
 def _tuning_file(tmp_path, monkeypatch):
     """Records in a private file (the kernel cache stays where the compiled modules are)."""

@@ -62,15 +62,16 @@ def _check_column_major(lens, n, k, num_weights, seed):
 
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("lens", [[512] * 3, [0, 1, 31, 32, 33, 0, 95], [40] * 70])
-def test_segment_gemm_units(mode, lens, monkeypatch):
+@pytest.mark.parametrize("n", [16, 9])
+def test_segment_gemm_units(mode, lens, n, monkeypatch):
     """The N <= 16 units (dense spec.GEMV_SEG, the bench's seg=N option): 16-row tiles, and
     32-row tiles split over K by a 2-CTA cluster; tile edges at 31/32/33 rows, K = 776 (25 steps
-    of 32, split 13 + 12)."""
+    of 32, split 13 + 12), N = 9: a partial slab."""
     testing.require_cc(90, "the units are built for sm_90 (2 uses thread-block clusters)", DEV)
     monkeypatch.setattr(dense_spec, "GEMV_SEG", mode)
     dense_spec.gemv_spec.cache_clear()
     try:
-        _check_column_major(lens, 16, 776, 3, seed=8)
+        _check_column_major(lens, n, 776, 3, seed=8)
     finally:
         dense_spec.gemv_spec.cache_clear()
 

@@ -20,6 +20,17 @@
 // shared-memory ring (16-byte cp.async, refilled as consumed) was slower at N = K = 4096: M = 1 /
 // 4 / 16 took 11.76 / 12.61 / 13.95 us against 10.57 / 10.80 / 11.86, the 8 x 512-row LoRA
 // segment GEMM 16.43 against 13.27 (only its 8 x 16-row case gained: 5.83 against 6.86).
+// Also measured and not kept (same shapes, register kernel timed in the same run; *_ab_gemv_bulk1d*,
+// *_ab_gemv_tma*, segment_gemm_ab_seg_u* in benchmarks/results/h200): a warp-specialised variant in
+// which one producer thread fills a ring of shared-memory stages through the copy engine and four
+// warps run the same MMAs from shared memory. With one 1-D bulk copy per row and 512-byte stage
+// M = 1 / 4 / 16 took 13.8 / 15.3 / 18.0 us against 10.5 / 10.9 / 12.1 (256-byte stages: 23.9 /
+// 27.0 / 31.6, so each copy instruction costs the SM ~36 cycles of copy-engine time); with 2-D TMA
+// boxes (16 or 32 rows x 512 bytes per instruction) 12.8 / 11.8 / 12.3 against 10.6 / 11.0 / 12.0,
+// and 11.7 / 11.6 at M = 1 / 4 with 8 stages in flight: more bytes in flight per SM than the
+// register kernel, and still slower. bmm_fp8 M = 16: 8.5 against 7.7; the LoRA segment GEMM
+// 13.2 against 13.0. Raising the segment pair unit's steps in flight from 2 to 3 / 4: 14.2 / 14.5
+// against 13.1 (8 x 512 rows).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
