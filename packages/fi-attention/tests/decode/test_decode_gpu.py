@@ -331,10 +331,22 @@ def test_cuda_graph_wrapper_class():
 @KERNELS
 def test_merge_of_every_slot_count_up_to_18(backend):
     # request k has k + 1 chunks of 16 tokens: the merge sees 1 (no split) .. 18 partials,
-    # covering every remainder of its 8-slot load groups
+    # covering every remainder of a warp's 8-slot load group and 1..3 of the CTA's 4 warps
     lens = [16 * k + 1 for k in range(18)]
     out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=dict(fixed_split_size=1), backend=backend)
     assert w._plan.split and w._plan.num_slots == sum(k + 1 for k in range(1, 18))
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+
+
+@KERNELS
+def test_merge_of_long_slot_lists(backend):
+    # 31 .. 100 partials per request: the merge's 4 warps take 8 slots each per turn of 32, so
+    # these cover one full turn, a second turn for some warps only, and several turns
+    counts = [31, 32, 33, 40, 64, 65, 100]
+    lens = [16 * (c - 1) + 1 for c in counts]
+    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128, plan_kw=dict(fixed_split_size=1), backend=backend)
+    assert w._plan.split and w._plan.num_slots == sum(counts)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
