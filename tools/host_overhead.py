@@ -5,7 +5,9 @@ The wrapper runs its CUDA host path under fi_attention.decode.hostsim (meta devi
 native no-op launcher, stand-in events and streams): every microsecond reported is Python, numpy
 and torch-dispatch work, without the CUDA calls themselves (kernel launch, cudaMemcpyAsync, event
 record), which come on top on a GPU. The cases follow bench_decode.py (_host_times, _plan_time and
-the decode table), plus ragged batches and the call forms a serving loop uses.
+the decode table), plus ragged batches and the call forms a serving loop uses. A ragged case either
+plans the same batch on every call or, like a decode loop, the batch one step later (every request
+one token longer) on each call, cycling through 64 steps.
 
     python3 tools/host_overhead.py                      # the working tree
     python3 tools/host_overhead.py --baseline main      # ... side by side with another revision
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -79,6 +82,22 @@ def _ragged_tables(batch, max_len, seed=0):
     return indptr, indices, last
 
 
+def _ragged_steps(batch, max_len, steps, seed=0):
+    """The page tables of ``steps`` consecutive decode steps of _ragged_tables' batch."""
+    import torch  # noqa: PLC0415
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g)
+    lens[-1] = max_len
+    tables = []
+    for step in range(steps):
+        pages = (lens + step + PAGE - 1) // PAGE
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32)
+        last = (lens + step - (pages - 1) * PAGE).to(torch.int32)
+        indices = torch.randperm(int(indptr[-1]), generator=g).to(torch.int32)
+        tables.append((indptr, indices, last))
+    return tables
+
+
 def measure(hostsim_path: str | None, scale: float) -> dict:
     import torch  # noqa: PLC0415
     hs = _load_hostsim(hostsim_path)
@@ -130,6 +149,15 @@ def measure(hostsim_path: str | None, scale: float) -> dict:
         plan_case("plan b16 kv8192 CUDA-graph", _tables(16, 8192), graph=True)
         for batch in (16, 128):
             plan_case(f"plan ragged b{batch} kv<=8192", _ragged_tables(batch, 8192))
+
+        def steps_case(name, steps):
+            w = sim.wrapper(workspace_bytes=128 << 20)
+            tables = itertools.cycle(steps)
+            f = lambda: w.plan(*next(tables), 32, 8, D, PAGE, q_data_type=bf16, kv_data_type=bf16)
+            results[name] = _per_call_us(f, int(2000 * scale), 7)
+
+        for batch in (16, 128):
+            steps_case(f"plan ragged b{batch} kv<=8192, next step", _ragged_steps(batch, 8192, 64))
     return results
 
 

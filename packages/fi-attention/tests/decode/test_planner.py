@@ -143,9 +143,23 @@ def test_planned_chunk_is_no_worse_than_no_split_in_the_model(seed):
     _check_cover(plan, lens)
     longest = int(lens.max())
     args = (int(lens.sum()), longest, 8, 132, 3)
-    chosen = _model_time(np.array([plan.num_items]), np.array([plan.chunk or longest]), *args)[0]
-    unsplit = _model_time(np.array([len(lens)]), np.array([longest]), *args)[0]
+    chosen = _model_time([plan.num_items], [float(plan.chunk or longest)], *args)[0]
+    unsplit = _model_time([len(lens)], [float(longest)], *args)[0]
     assert chosen <= unsplit
+
+
+def test_next_decode_step_reuses_the_layout_and_owns_its_arrays():
+    # one token later every request keeps its chunk count: the plan is the previous one's layout
+    # with the new lengths, in arrays of its own
+    lens = np.array([5000, 700, 30, 12000, 2500])
+    first = plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3)
+    work = first.work.copy()
+    first.packed[:] = -1
+    nxt = plan_decode(lens + 1, kv_units=8, sm_count=132, ctas_per_sm=3)
+    assert first.split and nxt.chunk == first.chunk and nxt.num_items == first.num_items
+    _check_cover(nxt, lens + 1)
+    assert np.array_equal(nxt.work[:, [0, 1, 3]], work[:, [0, 1, 3]])
+    assert nxt.work.flags.writeable and not np.shares_memory(nxt.packed, first.packed)
 
 
 def test_uniform_plans_are_cached_and_read_only():

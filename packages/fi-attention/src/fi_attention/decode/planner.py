@@ -40,7 +40,12 @@ CHUNK_ALIGN = 16
 # idle (~1.35 measured; 1.1 here, so that grids balanced to within one CTA per SM win); each CTA
 # on the busiest SM costs ~2.6 us of prologue (dependent loads work -> indptr -> page -> first K
 # row) and epilogue (b1 kv32768: 256 CTAs 43.5 us, 392 CTAs 46.1); the merge kernel ~2 us.
-ONE_CTA_RATE = 0.8
+# Since the one-pass merge (session 5, decode_split_sweep_merge_v2.txt) a single CTA per SM is
+# taken at 0.75 of the share: b1 kv8192 then runs 256 CTAs of 256 tokens (16.6 us) instead of 128
+# of 512 (18.7 us in the same sweep). The 6 other swept shapes (batch 1-32) keep their choices;
+# of 704 uniform (kv heads 4-32, batch 1-512, kv 512-65536) batches, the 22 that change all move
+# from one CTA per SM (or fewer) to two, as b1 kv8192 did.
+ONE_CTA_RATE = 0.75
 MULTI_CTA_RATE = 1.1
 CTA_COST_TOKENS = 175
 MERGE_COST_TOKENS = 135
@@ -85,35 +90,50 @@ def _wave_items(kv_units: int, sm_count: int, ctas_per_sm: int) -> int:
     return max(1, (sm_count * ctas_per_sm) // max(kv_units, 1))
 
 
-def _model_time(items: np.ndarray, chunks: np.ndarray, total: int, longest: int, kv_units: int,
-                sm_count: int, ctas_per_sm: int) -> np.ndarray:
+def _model_time(items, chunks, total: int, longest: int, kv_units: int, sm_count: int,
+                ctas_per_sm: int) -> list:
     """Modelled kernel time (in the unit of the module constants) of candidate chunks given their
-    item counts."""
+    item counts: sequences of floats (at most ``longest``) and ints, equal chunks next to each
+    other (the search's candidates are sorted: each is computed once); returns a list.
+
+    A Python loop: for the ~40 candidates of a search it costs less than the ~25 numpy calls of the
+    same arithmetic on candidate arrays (~0.5 us each whatever their size)."""
     slots = max(1, sm_count * ctas_per_sm)
-    ctas = items * kv_units
-    cta = np.minimum(chunks, longest).astype(np.float64)
-    split = np.where(chunks < longest, 1.0, 0.0)
-    # One wave: every CTA is resident from the start. (In-place numpy: this runs on every
-    # non-uniform plan(), where each numpy call is ~1 us of host time.)
-    per_sm = (ctas + (sm_count - 1)) // sm_count
-    one = per_sm * cta
-    one *= np.where(per_sm <= 1, 1.0 / ONE_CTA_RATE, 1.0 / MULTI_CTA_RATE)
-    np.maximum(one, total * kv_units / sm_count, out=one)
-    one += per_sm * CTA_COST_TOKENS
-    one += split * MERGE_COST_TOKENS
-    # Several waves: equal CTAs take ceil(ctas / slots) waves of the longest; unequal ones are
-    # bounded by greedy list scheduling (total / slots + longest CTA). Both are upper bounds.
-    c = cta + WAVE_CTA_COST_TOKENS
-    many = (ctas + (slots - 1)) // slots * c
-    greedy = ctas * (WAVE_CTA_COST_TOKENS / slots)
-    greedy += c
-    greedy += total * kv_units / slots
-    np.minimum(many, greedy, out=many)
-    many += split * WAVE_MERGE_COST_TOKENS
-    many *= slots / sm_count
-    # ... plus the first wave's prologues, which nothing hides (as in a one-wave grid).
-    many += ctas_per_sm * CTA_COST_TOKENS
-    return np.where(ctas <= slots, one, many)
+    sm_round, slots_round = sm_count - 1, slots - 1
+    one_floor = total * kv_units / sm_count
+    one_speed, multi_speed = 1.0 / ONE_CTA_RATE, 1.0 / MULTI_CTA_RATE
+    wave_share, wave_total = WAVE_CTA_COST_TOKENS / slots, total * kv_units / slots
+    wave_scale, first_wave = slots / sm_count, ctas_per_sm * CTA_COST_TOKENS
+    times = []
+    prev = t = None
+    for n, chunk in zip(items, chunks):
+        if chunk != prev:
+            prev = chunk
+            ctas = n * kv_units
+            if ctas <= slots:
+                # One wave: every CTA is resident from the start.
+                per_sm = (ctas + sm_round) // sm_count
+                t = per_sm * chunk * (one_speed if per_sm <= 1 else multi_speed)
+                if t < one_floor:
+                    t = one_floor
+                t += per_sm * CTA_COST_TOKENS
+                if chunk < longest:
+                    t += MERGE_COST_TOKENS
+            else:
+                # Several waves: equal CTAs take ceil(ctas / slots) waves of the longest; unequal
+                # ones are bounded by greedy list scheduling (total / slots + longest CTA). Both
+                # are upper bounds.
+                c = chunk + WAVE_CTA_COST_TOKENS
+                t = (ctas + slots_round) // slots * c
+                greedy = ctas * wave_share + c + wave_total
+                if greedy < t:
+                    t = greedy
+                if chunk < longest:
+                    t += WAVE_MERGE_COST_TOKENS
+                # ... plus the first wave's prologues, which nothing hides (as in a one-wave grid).
+                t = t * wave_scale + first_wave
+        times.append(t)
+    return times
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,
@@ -149,12 +169,13 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
     """
     kv_lens = np.asarray(kv_lens, dtype=np.int64)
     batch = int(kv_lens.shape[0])
-    longest = int(kv_lens.max()) if batch else 0
-    if batch and int(kv_lens.min()) == longest:  # uniform batches (benchmarks, padded serving)
+    longest = int(np.maximum.reduce(kv_lens)) if batch else 0
+    shortest = int(np.minimum.reduce(kv_lens)) if batch else 0
+    if batch and shortest == longest:  # uniform batches (benchmarks, padded serving)
         return plan_uniform(batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
                             fixed_split_size, capacity)
     return _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-                 fixed_split_size, capacity)
+                 fixed_split_size, capacity, shortest)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -165,66 +186,99 @@ def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per
     only, so it is computed once per argument tuple (pass them positionally: that is the cache
     key) and its arrays are read-only."""
     plan = _plan(np.full(batch, length, dtype=np.int64), batch, length, kv_units, sm_count,
-                 ctas_per_sm, disable_split_kv, fixed_split_size, capacity, uniform=True)
+                 ctas_per_sm, disable_split_kv, fixed_split_size, capacity, length, uniform=True)
     for a in (plan.packed, plan.work, plan.merge_indptr):
         a.flags.writeable = False
     return plan
 
 
-# Candidate divisors: the longest request in k = 1..MAX_PIECES equal pieces, the whole batch in
-# one or two CTAs per SM or in w = 1..MAX_WAVES whole waves (few candidates: each costs a share of
-# the ~1 us per numpy call of a non-uniform batch's search).
-_PIECES = np.arange(1, MAX_PIECES + 1, dtype=np.int64)
+# numpy converts a Python scalar operand on every call, which costs about as much as the rest of
+# a ufunc call on a small array (~0.25 us); a 0-d array costs nothing: the chunk search's
+# constants are kept as (read-only) 0-d arrays.
+def _scalar(value: int) -> np.ndarray:
+    a = np.array(value, dtype=np.int64)
+    a.flags.writeable = False
+    return a
+
+
+_ONE = _scalar(1)
+_CHUNK_ALIGN = _scalar(CHUNK_ALIGN)
+_MIN_CHUNK = _scalar(MIN_CHUNK_TOKENS)
 
 
 @functools.lru_cache(maxsize=64)
-def _batch_divisors(kv_units: int, sm_count: int, ctas_per_sm: int) -> np.ndarray:
-    """Work-item counts that put j CTAs on every SM, for the candidate j (read-only)."""
+def _search_setup(kv_units: int, sm_count: int, ctas_per_sm: int) -> tuple:
+    """(extra items allowed over one per request, candidate divisors times CHUNK_ALIGN) of a GPU
+    and head configuration. The divisors: the longest request in k = 1..MAX_PIECES equal pieces,
+    then the whole batch in one or two CTAs per SM or in w = 1..MAX_WAVES whole waves (work-item
+    counts that put j CTAs on every SM); times CHUNK_ALIGN because ceil(x / d) rounded up to
+    CHUNK_ALIGN is ((x - 1) // (d * CHUNK_ALIGN) + 1) * CHUNK_ALIGN. Read-only."""
     j = np.unique(np.concatenate((np.array([1, 2], dtype=np.int64),
-                                  ctas_per_sm * np.arange(1, MAX_WAVES + 1, dtype=np.int64))))
-    d = np.maximum(np.floor(j * (sm_count / max(kv_units, 1))), 1).astype(np.int64)
+                                  max(ctas_per_sm, 1) * np.arange(1, MAX_WAVES + 1, dtype=np.int64))))
+    per_batch = np.maximum(np.floor(j * (sm_count / max(kv_units, 1))), 1).astype(np.int64)
+    d = np.concatenate((np.arange(1, MAX_PIECES + 1, dtype=np.int64), per_batch)) * CHUNK_ALIGN
     d.flags.writeable = False
-    return d
+    return MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm), d
 
 
-def _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform) -> int:
+def _choose_chunk(kv_lens, batch, longest, shortest, kv_units, sm_count, ctas_per_sm, capacity, uniform):
     """The candidate chunk with the smallest modelled time (ties: the larger chunk, for fewer
-    items and less merge traffic); ``longest`` means no split. About 30 numpy calls on arrays of
-    MAX_PIECES + MAX_WAVES + 2 candidates: each costs about a microsecond, whatever the batch."""
-    limit = batch + MAX_WAVES * _wave_items(kv_units, sm_count, ctas_per_sm)
+    items and less merge traffic; ``longest`` means no split), and for a non-uniform batch the
+    chunk count of each request for it (int64), which the search computes anyway. Written for
+    numpy's per-call cost (~0.5 us whatever the array size): about 20 calls on whole arrays of
+    candidates, and the cost model in Python (see _model_time)."""
+    extra, divisors = _search_setup(kv_units, sm_count, ctas_per_sm)
+    limit = batch + extra
     if capacity is not None:
         limit = min(limit, capacity)
     # The longest chunk (k = 1, which rounds and clamps to longest) has one item per request and
     # every other candidate more: if even it does not fit, take it anyway (only reachable with a
     # tiny capacity) and let the caller report the overflow.
     if batch > limit:
-        return longest
-    total = batch * longest if uniform else int(kv_lens.sum())
-    # ceil(x / d) - 1 = (x - 1) // d; rounding ceil(x / d) up to CHUNK_ALIGN is then (q + A) // A * A
-    q = np.concatenate(((longest - 1) // _PIECES,
-                        (total - 1) // _batch_divisors(kv_units, sm_count, max(ctas_per_sm, 1))))
-    cands = (q + CHUNK_ALIGN) // CHUNK_ALIGN * CHUNK_ALIGN
-    np.maximum(cands, MIN_CHUNK_TOKENS, out=cands)
+        return longest, None
+    total = batch * longest if uniform else int(np.add.reduce(kv_lens))
+    cands = np.empty(len(divisors), dtype=np.int64)
+    cands[:MAX_PIECES] = longest - 1
+    cands[MAX_PIECES:] = total - 1
+    cands //= divisors
+    cands += _ONE
+    cands *= _CHUNK_ALIGN
+    np.maximum(cands, _MIN_CHUNK, out=cands)
     np.minimum(cands, longest, out=cands)
     cands.sort()  # duplicates stay: they have equal costs and do not change the choice below
+    # A chunk cuts the batch into at least total / chunk items: the candidates below total / limit
+    # (the first ones; none when that is below the smallest chunk) are over the limit, whatever the
+    # lengths.
+    if total > MIN_CHUNK_TOKENS * limit:
+        cands = cands[cands.searchsorted(-(-total // limit)):]
+    cta = cands.astype(np.float64)
     if uniform:
         items = batch * ((longest - 1) // cands + 1)
+        counts = None
     else:  # float64 division of integers < 2^53 is exact where it matters (multiples)
-        m = np.divide(np.maximum(kv_lens, 1).astype(np.float64), cands[:, None])
-        np.ceil(m, out=m)
-        items = m.sum(axis=1).astype(np.int64)
-    cost = _model_time(items, cands, total, longest, kv_units, sm_count, ctas_per_sm)
-    cost[items > limit] = np.inf
-    return int(cands[len(cands) - 1 - int(np.argmin(cost[::-1]))])
+        counts = np.divide(kv_lens if shortest > 0 else np.maximum(kv_lens, _ONE), cta[:, None])
+        np.ceil(counts, out=counts)
+        # sums of integers, exact in any order: the cheapest reduction of the rows
+        items = counts.dot(np.ones(batch)).astype(np.int64)
+    items = items.tolist()
+    # The item counts do not increase along the candidates: those over the limit come first.
+    first = 0
+    while items[first] > limit:
+        first += 1
+    cost = _model_time(items[first:], cta[first:].tolist(), total, longest, kv_units, sm_count, ctas_per_sm)
+    best = first + len(cost) - 1 - cost[::-1].index(min(cost))  # the last (largest) of the cheapest
+    return int(cands[best]), None if counts is None else counts[best].astype(np.int64)
 
 
 def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-          fixed_split_size, capacity, uniform=False) -> DecodePlan:
+          fixed_split_size, capacity, shortest, uniform=False) -> DecodePlan:
     chunk = 0
+    nchunks = None
     if fixed_split_size is not None and fixed_split_size > 0 and not disable_split_kv:
         chunk = int(fixed_split_size)
     elif not disable_split_kv and longest > MIN_CHUNK_TOKENS:
-        chunk = _choose_chunk(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, capacity, uniform)
+        chunk, nchunks = _choose_chunk(kv_lens, batch, longest, shortest, kv_units, sm_count, ctas_per_sm,
+                                       capacity, uniform)
     if chunk and chunk >= longest:
         chunk = 0
     if not chunk:  # the common large-batch case: one item per request, written directly
@@ -238,31 +292,59 @@ def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_spli
         packed[batch * 4] = batch
         return DecodePlan(work=work, merge_indptr=packed[batch * 4 + 4:], num_items=batch, num_slots=0,
                           chunk=0, split=False, packed=packed)
-    nchunks = (np.maximum(kv_lens, 1) - 1) // chunk + 1
-    ends = np.cumsum(nchunks)
+    if nchunks is None:  # a fixed chunk, or a uniform batch (whose plan is cached as a whole)
+        nchunks = (np.maximum(kv_lens, 1) - 1) // chunk + 1
+        n_items = int(np.add.reduce(nchunks))
+        if capacity is not None and n_items > capacity:
+            raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
+                             f"{capacity}; use a larger fixed_split_size or disable_split_kv")
+        layout = _split_layout(chunk, nchunks.tobytes())
+    else:  # the search's choice, within its item limit (and so the capacity): small enough to keep
+        layout = _recent_split_layout(chunk, nchunks.tobytes())
+    template, last_ends, n_items, n_slots = layout
+    packed = template.copy()
+    packed[last_ends] = kv_lens
+    n4 = n_items * 4
+    return DecodePlan(work=packed[:n4].reshape(n_items, 4), merge_indptr=packed[n4 + 4:], num_items=n_items,
+                      num_slots=n_slots, chunk=chunk, split=n_items > batch, packed=packed)
+
+
+def _split_layout(chunk: int, nchunks: bytes) -> tuple:
+    """(packed, last_ends, n_items, n_slots) of a split plan whose requests have ``nchunks``
+    chunks (int64 bytes): its packed metadata, except that each request's last item ends at a
+    whole chunk, and the indices in it of those ends, where the plan writes the requests' lengths.
+    The arrays are read-only."""
+    nchunks = np.frombuffer(nchunks, dtype=np.int64)
+    batch = len(nchunks)
+    ends = np.add.accumulate(nchunks)
     n_items = int(ends[-1])
-    if capacity is not None and n_items > capacity:
-        raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
-                         f"{capacity}; use a larger fixed_split_size or disable_split_kv")
-    packed = np.empty(n_items * 4 + 4 + batch + 1, dtype=np.int32)
-    packed[n_items * 4: n_items * 4 + 5] = (n_items, 0, 0, 0, 0)
-    merge_indptr = packed[n_items * 4 + 4:]
+    n4 = n_items * 4
+    packed = np.empty(n4 + 4 + batch + 1, dtype=np.int32)
+    packed[n4: n4 + 5] = (n_items, 0, 0, 0, 0)
     split_req = nchunks > 1
-    np.cumsum(nchunks * split_req, out=merge_indptr[1:])
-    # Per request: index, length, first item, first partial slot (-1 when not split: its single
-    # item writes the output), repeated once per item in one call.
-    per_req = np.empty((batch, 4), dtype=np.int64)
-    per_req[:, 0] = np.arange(batch)
-    per_req[:, 1] = kv_lens
-    per_req[:, 2] = ends - nchunks
-    per_req[:, 3] = np.where(split_req, merge_indptr[:-1], -1)
-    rows = np.repeat(per_req, nchunks, axis=0)
-    piece = np.arange(n_items) - rows[:, 2]  # chunk index within its request
-    begin = piece * chunk
-    work = packed[: n_items * 4].reshape(n_items, 4)
-    work[:, 0] = rows[:, 0]
-    work[:, 1] = begin
-    work[:, 2] = np.minimum(begin + chunk, rows[:, 1])
-    work[:, 3] = rows[:, 3] + piece  # an unsplit request's only item: -1 + 0
-    return DecodePlan(work=work, merge_indptr=merge_indptr, num_items=n_items,
-                      num_slots=int(merge_indptr[-1]), chunk=chunk, split=n_items > batch, packed=packed)
+    slots = np.add.accumulate(nchunks * split_req)
+    packed[n4 + 5:] = slots  # merge_indptr[1:]
+    # Item i of request r (items ends[r] - nchunks[r] .. ends[r] - 1) is (r, piece * chunk,
+    # (piece + 1) * chunk, slot) with piece = i - ends[r] + nchunks[r] and slot = i - ends[r] +
+    # merge_indptr[r + 1], or -1 for an unsplit request's only item (i = ends[r] - 1): rows of
+    # per-request values, repeated once per item, plus i (a few numpy calls on whole arrays).
+    rows = np.empty((4, batch), dtype=np.int64)
+    rows[0] = np.arange(batch)
+    np.subtract(nchunks, ends, out=rows[1])
+    np.add(rows[1], 1, out=rows[2])
+    np.multiply(slots, split_req, out=rows[3])
+    rows[3] -= ends
+    rows = rows.repeat(nchunks, axis=1)
+    rows[1:] += np.arange(n_items)
+    rows[1:3] *= chunk
+    packed[:n4].reshape(n_items, 4)[...] = rows.T
+    last_ends = 4 * ends - 2  # work[ends - 1, 2]
+    for a in (packed, last_ends):
+        a.flags.writeable = False
+    return packed, last_ends, n_items, int(slots[-1])
+
+
+# The layouts of the searches' recent plans: from one decode step to the next a batch usually
+# keeps its chunk and every request its chunk count (a request gains a chunk every ``chunk``
+# tokens), so the plan only writes the new lengths into a copy.
+_recent_split_layout = functools.lru_cache(maxsize=16)(_split_layout)
