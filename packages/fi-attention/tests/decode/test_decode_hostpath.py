@@ -15,7 +15,7 @@ from fi_attention import BatchDecodeWithPagedKVCacheWrapper
 from fi_attention.decode.hostsim import FAKE_STREAM, SM_COUNT, CTAS_PER_SM, HostSim
 from fi_attention.decode.launch import DecodeArgs
 from fi_attention.decode.planner import kv_lengths, plan_decode
-from fi_attention.decode.tables import request_lengths
+from fi_attention.decode.tables import host_i32, host_tables, request_lengths
 
 PS, HQ, HKV, D = 16, 32, 8, 128
 BF16 = torch.bfloat16
@@ -273,3 +273,131 @@ def test_request_lengths_errors_are_the_same_for_uniform_and_ragged_tables():
     with pytest.raises(InputError, match="batch entries"):
         request_lengths(two, np.ones(3, np.int32), 16, 4)
     assert request_lengths(np.array([0], np.int32), np.zeros(0, np.int32), 16, 0) == 0
+
+
+def _request_lengths_by_reductions(indptr, last, ps, num_indices):
+    """request_lengths as it was written before its ragged path used argmin/argmax and int64
+    in-place arithmetic: the behaviour (lengths, errors and their messages) it must keep."""
+    batch = indptr.shape[0] - 1
+    if batch < 0 or last.shape[0] != batch:
+        raise InputError(f"indptr must have batch + 1 entries and last_page_len batch entries, "
+                         f"got {indptr.shape[0]} and {last.shape[0]}")
+    if not batch:
+        return 0
+    pages = indptr[1:] - indptr[:-1]
+    min_pages = int(pages.min())
+    if indptr[0] != 0 or min_pages < 0:
+        raise InputError(f"indptr must start at 0 and be non-decreasing, got {indptr.tolist()[:16]}")
+    if indptr[-1] > num_indices:
+        raise InputError(f"indptr[-1] = {indptr[-1]} exceeds the {num_indices} page indices")
+    if last.min() < 1 or last.max() > ps:
+        bad = (pages > 0) & ((last < 1) | (last > ps))
+        if np.any(bad):
+            i = int(np.nonzero(bad)[0][0])
+            raise InputError(f"last_page_len must be in [1, page_size={ps}]; request {i} has {last[i]}")
+    if min_pages > 0:
+        return pages.astype(np.int64) * ps - (ps - last)
+    return kv_lengths(indptr, last, ps)
+
+
+def _outcome(fn, *args):
+    try:
+        r = fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return (int, r) if isinstance(r, int) else (r.dtype, r.tolist())
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_request_lengths_ragged_path_keeps_lengths_and_errors(seed):
+    """Ragged tables (every request with pages, or some without), valid or with one bad entry,
+    against the reduction-based implementation: the same int64 lengths or the same error."""
+    rng = np.random.default_rng(seed)
+    batch, ps = int(rng.integers(2, 300)), int(rng.choice([1, 3, 16, 64, 2**31 - 1]))
+    pages = rng.integers(0 if seed % 4 == 0 else 1, 600, batch)
+    pages[0] += pages[1] == pages[0]  # not uniform
+    last = rng.integers(1, min(ps, 2**20) + 1, batch)
+    indptr = np.concatenate(([0], np.cumsum(pages))).astype(np.int32)
+    last = np.where(pages > 0, last, rng.integers(-5, 50, batch)).astype(np.int32)
+    nnz = int(indptr[-1])
+    variants = [(indptr, last, nnz)]
+    for value in (0, -1, ps + 1 if ps < 2**31 - 1 else 0, -2**31, 2**31 - 1):
+        bad = last.copy()
+        bad[int(rng.integers(batch))] = value
+        variants.append((indptr, bad, nnz))
+    decreasing = indptr.copy()
+    decreasing[1] = decreasing[2] + 1
+    variants += [(indptr, last, nnz - 1), (indptr + 1, last, nnz + 1), (decreasing, last, nnz)]
+    for ip, la, n in variants:
+        assert _outcome(request_lengths, ip, la, ps, n) == _outcome(_request_lengths_by_reductions, ip, la, ps, n)
+
+
+def test_request_lengths_page_sizes_outside_the_int32_fast_path():
+    """A page size that is not a Python int of int32 range takes the general path, which
+    behaves as before (an int64 numpy page size, a bool, one beyond int32)."""
+    indptr, last = np.array([0, 2, 5, 6], np.int32), np.array([3, 7, 1], np.int32)
+    for ps in (np.int64(16), True, 2**31, 2**40):
+        la = last if ps is not True else np.ones(3, np.int32)
+        assert _outcome(request_lengths, indptr, la, ps, 6) == _outcome(_request_lengths_by_reductions, indptr, la,
+                                                                        ps, 6)
+    with pytest.raises(InputError, match=r"page_size=2147483648\]; request 0 has 0"):
+        request_lengths(indptr, np.array([0, 7, 1], np.int32), 2**31, 6)
+
+
+def test_host_tables_are_views_and_fail_like_host_i32():
+    indptr, last = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([3, 16], dtype=torch.int32)
+    hi, hl = host_tables(indptr, last)
+    assert hi.ctypes.data == indptr.data_ptr() and hl.ctypes.data == last.data_ptr()
+    assert hi.tolist() == [0, 2, 5] and hl.tolist() == [3, 16] and hi.dtype == hl.dtype == np.int32
+    strided = torch.zeros(6, dtype=torch.int32)[::2]
+    assert host_tables(strided, last)[0].tolist() == [0, 0, 0]
+    class Sub(torch.Tensor):
+        pass
+
+    assert host_tables(indptr.as_subclass(Sub), last)[0].tolist() == [0, 2, 5]  # host_i32's path
+    bad = [(indptr.long(), last), (indptr, last.long()), (indptr[None], last), (indptr, last[:, None]),
+           (indptr.tolist(), last), (indptr, last.numpy()), (indptr.float(), last.long()), (indptr[0], last)]
+    for a, b in bad:
+        with pytest.raises(Exception) as want:
+            host_i32("indptr", a)
+            host_i32("last_page_len", b)
+        with pytest.raises(type(want.value)) as got:
+            host_tables(a, b)
+        assert str(got.value) == str(want.value)
+
+
+def test_staged_indices_are_the_first_nnz_entries(sim):
+    """Host indices longer than indptr[-1], or strided, are staged as their first nnz entries."""
+    indptr, indices, last = tables([100, 37, 900, 16])
+    nnz = int(indptr[-1])
+    longer = torch.cat([indices, torch.full((5,), 12345, dtype=torch.int32)])
+    strided = torch.zeros(2 * nnz + 4, dtype=torch.int32)[::2]
+    strided[:nnz] = indices
+    q = torch.zeros(4, HQ, D, dtype=BF16)
+    for ix in (indices, longer, strided):
+        w = sim.wrapper()
+        w.plan(indptr, ix, last, HQ, HKV, D, PS, q_data_type=BF16)
+        w.run(q, cache_for(indices))
+        a = sim.launches[-1][0]
+        assert ints(w._staging.device_buf, a.kv_indices, nnz) == indices.tolist()
+        assert ints(w._staging.device_buf, a.kv_indptr, 5) == indptr.tolist()
+        assert ints(w._staging.device_buf, a.kv_last_page_len, 4) == last.tolist()
+
+
+@pytest.mark.parametrize("extra", [0, 9])
+def test_cuda_graph_tables_fill_exact_and_larger_buffers(sim, extra):
+    indptr, indices, last = tables([30, 5000, 1])
+    nnz = indices.numel()
+    bufs = (torch.zeros(4, dtype=torch.int32), torch.full((nnz + extra,), -1, dtype=torch.int32),
+            torch.full((3 + extra,), -1, dtype=torch.int32))
+    w = sim.wrapper(graph_buffers=bufs)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    w.run(torch.zeros(3, HQ, D, dtype=BF16), cache_for(indices))
+    a = sim.launches[-1][0]
+    assert (a.kv_indptr, a.kv_indices, a.kv_last_page_len) == tuple(b.data_ptr() for b in bufs)
+    assert bufs[0].tolist() == indptr.tolist()
+    assert bufs[1].tolist() == indices.tolist() + [-1] * extra
+    assert bufs[2].tolist() == last.tolist() + [-1] * extra
+    small = (torch.zeros(4, dtype=torch.int32), torch.zeros(nnz - 1, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(InputError, match=f"the CUDA-graph buffer holds {nnz - 1} entries, got {nnz}"):
+        sim.wrapper(graph_buffers=small).plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)

@@ -35,7 +35,7 @@ from .planner import max_items, plan_decode, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
 from .staging import MetadataStaging
-from .tables import host_i32, request_lengths
+from .tables import host_tables, request_lengths
 
 _compiling = torch.compiler.is_compiling
 _check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
@@ -227,8 +227,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 if len(self._options) >= 64:
                     self._options.clear()
                 self._options[key] = o
-        h_indptr = host_i32("indptr", indptr)
-        h_last = host_i32("last_page_len", last_page_len)
+        h_indptr, h_last = host_tables(indptr, last_page_len)
         if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
             raise InputTypeError("indices must be an int32 tensor, got "
                                  f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
@@ -320,7 +319,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         n_meta = cap * 4 + 4 + (B + 1)
         stage = not graph and indptr.is_cpu and last_page_len.is_cpu
         stage_idx = stage and indices.is_cpu
-        nnz = int(self._h_indptr[-1]) if B else 0
+        nnz = self._h_indptr.item(-1) if B else 0
         off_indptr, off_last, off_idx = n_meta, n_meta + B + 1, n_meta + 2 * B + 1
         n_int = off_idx + (nnz if stage_idx else 0) if stage else n_meta
         st = self._staging
@@ -340,19 +339,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             host[off_indptr: off_last] = self._h_indptr
             host[off_last: off_idx] = self._h_last
             if stage_idx:
-                host[off_idx: off_idx + nnz] = indices.numpy()[:nnz]
+                idx = indices.numpy()
+                host[off_idx: off_idx + nnz] = idx if idx.shape == (nnz,) else idx[:nnz]
         st.upload(n_int)
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
-        def dev_table(src, buf):
-            if graph:
-                if src.device != buf.device or src.data_ptr() != buf.data_ptr():
-                    if src.numel() > buf.numel():
-                        raise InputError(f"the CUDA-graph buffer holds {buf.numel()} entries, got {src.numel()}")
-                    buf[: src.numel()].copy_(src, non_blocking=non_blocking)
-                return buf
-            return src if src.device == self._device else src.to(self._device, non_blocking=non_blocking)
-
         base = st.device_ptr
         if stage_idx:  # addresses inside the metadata buffer; the tensor view is made only if needed
             self._d_indices = None
@@ -360,17 +351,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._staged_indices = (off_idx, nnz)
             tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
         elif stage:  # the usual serving layout: indices on the device, the rest staged above
-            self._d_indices = dev_table(indices, self._indices_buf)
+            self._d_indices = self._dev_table(indices, self._indices_buf, graph, non_blocking)
             self._d_tables = (self._d_indices,)
             tables = (base + 4 * off_indptr, self._d_indices.data_ptr(), base + 4 * off_last)
         else:
-            self._d_indices = dev_table(indices, self._indices_buf)
+            self._d_indices = self._dev_table(indices, self._indices_buf, graph, non_blocking)
             # Held until the next plan: the kernels read these at run(). A table copied here from
             # the host (e.g. host indptr next to device indices in graph mode, or a host indices
             # next to device indptr) is a new tensor; freed, its block could be handed to another
             # tensor and overwritten before run() launches.
-            self._d_tables = (dev_table(indptr, self._indptr_buf), self._d_indices,
-                              dev_table(last_page_len, self._last_buf))
+            self._d_tables = (self._dev_table(indptr, self._indptr_buf, graph, non_blocking), self._d_indices,
+                              self._dev_table(last_page_len, self._last_buf, graph, non_blocking))
             tables = tuple(t.data_ptr() for t in self._d_tables)
         self._plan = plan
         a = self._args
@@ -384,6 +375,20 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_last = None
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
                       self._args_addr, launch, self._tail)
+
+    def _dev_table(self, src, buf, graph, non_blocking):
+        """A page table on the device: the user's device tensor, an upload of a host one, or (CUDA-
+        graph mode) the fixed buffer, ``src`` copied into it unless it is that buffer."""
+        if graph:
+            if src.device != buf.device or src.data_ptr() != buf.data_ptr():
+                n = src.numel()
+                size = buf.numel()
+                if n > size:
+                    raise InputError(f"the CUDA-graph buffer holds {size} entries, got {n}")
+                # buf[:n] is buf itself for a 1-D buffer of n entries: no view to build (~1 us)
+                (buf if n == size and buf.dim() == 1 else buf[:n]).copy_(src, non_blocking=non_blocking)
+            return buf
+        return src if src.device == self._device else src.to(self._device, non_blocking=non_blocking)
 
     begin_forward = plan
 
