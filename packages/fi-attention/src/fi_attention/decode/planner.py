@@ -192,18 +192,19 @@ def plan_uniform(batch: int, length: int, kv_units: int, sm_count: int, ctas_per
     return plan
 
 
-# numpy converts a Python scalar operand on every call, which costs about as much as the rest of
-# a ufunc call on a small array (~0.25 us); a 0-d array costs nothing: the chunk search's
-# constants are kept as (read-only) 0-d arrays.
-def _scalar(value: int) -> np.ndarray:
+def const_i64(value: int) -> np.ndarray:
+    """``value`` as a read-only 0-d int64 array. numpy converts a Python scalar operand on every
+    call, which costs about as much as the rest of a ufunc call on a small array (~0.25 us); a 0-d
+    array costs nothing, so the host path's numpy constants (the chunk search's, tables.py's page
+    size) are kept in this form."""
     a = np.array(value, dtype=np.int64)
     a.flags.writeable = False
     return a
 
 
-_ONE = _scalar(1)
-_CHUNK_ALIGN = _scalar(CHUNK_ALIGN)
-_MIN_CHUNK = _scalar(MIN_CHUNK_TOKENS)
+_ONE = const_i64(1)
+_CHUNK_ALIGN = const_i64(CHUNK_ALIGN)
+_MIN_CHUNK = const_i64(MIN_CHUNK_TOKENS)
 
 
 @functools.lru_cache(maxsize=64)

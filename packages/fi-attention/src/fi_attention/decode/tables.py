@@ -9,6 +9,7 @@ three ufunc calls against a 0-d page-size array.
 
 from __future__ import annotations
 
+import functools
 from typing import Union
 
 import numpy as np
@@ -17,14 +18,12 @@ import torch
 from fi_core import checks
 from fi_core.errors import InputError
 
-from .planner import kv_lengths
+from .planner import const_i64, kv_lengths
 
 
 _Tensor = torch.Tensor
 _INT32 = torch.int32
 _I32_MAX = 0x7FFFFFFF
-_multiply = np.multiply
-_PAGE_SIZES: dict = {}  # page size -> 0-d int64 array (see _page_size_array)
 
 
 def host_i32(name: str, t: torch.Tensor) -> np.ndarray:
@@ -99,7 +98,7 @@ def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: in
                 or last_page_len.item(last_page_len.argmax()) > page_size):
             _bad_last_page_len(pages, last_page_len, page_size)
         ps = _page_size_array(page_size)
-        lens = _multiply(pages, ps)
+        lens = np.multiply(pages, ps)
         lens += last_page_len
         lens -= ps
         return lens
@@ -110,16 +109,11 @@ def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: in
     return kv_lengths(indptr, last_page_len, page_size)
 
 
+@functools.lru_cache(maxsize=64)
 def _page_size_array(page_size: int) -> np.ndarray:
-    """``page_size`` as a read-only 0-d int64 array: numpy converts a Python int operand on every
-    call (~0.25 us), a 0-d array costs nothing. One per page size (a plan option)."""
-    a = _PAGE_SIZES.get(page_size)
-    if a is None:
-        if len(_PAGE_SIZES) >= 64:
-            _PAGE_SIZES.clear()
-        a = _PAGE_SIZES[page_size] = np.array(page_size, dtype=np.int64)
-        a.flags.writeable = False
-    return a
+    """``page_size`` as a read-only 0-d int64 array (see planner.const_i64), one per page size (a
+    plan option)."""
+    return const_i64(page_size)
 
 
 def _check_table(indptr: np.ndarray, min_pages: int, num_indices: int) -> None:
