@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from fi_core import knobs, testing
-from fi_core.bench import BenchRow, RoutineArgs, format_table, rotating_inputs, routine, time_fn
+from fi_core.bench import (BenchRow, RoutineArgs, apply_tuning, format_table, rotating_inputs, routine,
+                           time_fn)
 
 from . import run_paged, run_ragged
+from . import spec as hopper_spec
 
 # (L, causal, target TFLOP/s from TARGETS.md or None)
 CONFIGS = ((4096, True, 570.0), (16384, True, 640.0), (4096, False, None), (8192, True, None))
@@ -68,6 +70,8 @@ def _one_cta_per_tile_row(name, config, fn, sets, reps, flops, t_persistent):
 def single_prefill_fa3(args: RoutineArgs):
     dev = torch.device(args.device)
     dtype = torch.bfloat16
+    # A/B: variant=N builds the kernel with FI_FA3_VARIANT=N (see hopper/spec.py).
+    suffix = apply_tuning(args, hopper_spec, {"variant": "VARIANT"}, hopper_spec.prefill_sm90_spec)
     configs = CONFIGS[:1] if args.quick else CONFIGS
     for L, causal, target_tflops in configs:
         def make(i, L=L):
@@ -97,7 +101,7 @@ def single_prefill_fa3(args: RoutineArgs):
                          reps=reps, min_calls_per_replay=4)
         flops = attention_flops(L, L, HQ, D, causal)
         target_us = flops / (target_tflops * 1e12) * 1e6 if target_tflops else None
-        config = f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16"
+        config = f"L={L} {'causal' if causal else 'full'} GQA {HQ}/{HKV} d{D} bf16{suffix}"
         yield BenchRow("single_prefill_fa3", config,
                        t_ours, flops=flops, baseline=("torch SDPA", t_base), target_us=target_us,
                        backend="fa3", extra={"rel_err_vs_sdpa": err})
@@ -110,6 +114,7 @@ def single_prefill_fa3(args: RoutineArgs):
 def batch_prefill_paged_fa3(args: RoutineArgs):
     dev = torch.device(args.device)
     dtype = torch.bfloat16
+    suffix = apply_tuning(args, hopper_spec, {"variant": "VARIANT"}, hopper_spec.prefill_sm90_spec)
     batch, L, page = (4, 2048, 16) if args.quick else (16, 2048, 16)
     pages_per = L // page
     total_pages = batch * pages_per
@@ -158,7 +163,7 @@ def batch_prefill_paged_fa3(args: RoutineArgs):
     t_ours = time_fn(ours, sets, reps=20, min_calls_per_replay=4)
     t_base = time_fn(base, base_sets, reps=20, min_calls_per_replay=4)
     flops = batch * attention_flops(L, L, HQ, D, True)
-    config = f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16"
+    config = f"{batch} x {L} causal page {page} GQA {HQ}/{HKV} d{D} bf16{suffix}"
     yield BenchRow("batch_prefill_paged_fa3", config,
                    t_ours, flops=flops, baseline=("torch SDPA (contiguous KV)", t_base),
                    target_us=flops / 560e12 * 1e6 if batch == 16 else None, backend="fa3",

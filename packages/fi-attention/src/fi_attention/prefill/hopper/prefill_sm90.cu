@@ -99,6 +99,11 @@ constexpr int kSchedBarrier = 1;
 // Persistent CTAs (see tile_of) for d <= 128. d = 256 keeps one tile per CTA: its consumers hold a
 // 64x256 fp32 O at the 240-register limit, and the tile loop's extra live state spills there.
 constexpr bool kPersistent = kHeadDim <= 128;
+// FI_FA3_VARIANT selects an experimental schedule for A/B runs (bench option variant=N); 0, the
+// default, is the shipped one.
+#ifndef FI_FA3_VARIANT
+#define FI_FA3_VARIANT 0
+#endif
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
@@ -525,6 +530,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   auto sched_arrive = [&]() { if (kPingPong) named_arrive(kSchedBarrier + (wg_c ^ 1), kConsumerThreads); };
   if (kPingPong && wg_c == 1) named_arrive(kSchedBarrier + 0, kConsumerThreads);
 
+  // O *= the factor of the latest softmax, per row.
+  auto rescale_o = [&](const float (&rescale)[2]) {
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[row_of(v)];
+  };
   auto convert_p = [&]() {
     CUTE_UNROLL
     for (int v = 0; v < size(tSrS) / 2; ++v) p32[v] = pack2(tSrS(2 * v), tSrS(2 * v + 1));
@@ -572,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 
     mbar_wait(&ss.bar_q, q_it & 1);
     ++q_it;
+    float rescale[2];  // the O factor of the latest softmax, applied just before the next P V
     {
       const int s = kv_it % kStages;
       mbar_wait(&ss.full_k[s], (kv_it / kStages) & 1);
@@ -584,8 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       if (n == n_start) mbar_arrive(&ss.empty_q);  // that was this tile's last Q K^T
       if (kSoftcap) apply_softcap();
       mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
-      float rescale[2];
-      softmax(rescale);
+      softmax(rescale);  // O is still zero: its factor is applied to nothing
       convert_p();
     }
     for (; n > n_start; --n, ++kv_it) {
@@ -596,6 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
       sched_sync();
       gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+      rescale_o(rescale);  // on the CUDA cores while Q K^T runs
       // ... O += P(n) V(n) is queued behind it.
       gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
       sched_arrive();
@@ -605,18 +616,22 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       if (n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
       if (kSoftcap) apply_softcap();
       if (needs_mask(n - 1)) mask_tile(n - 1);
-      float rescale[2];
       softmax(rescale);
+      // Wait for the next P V's V stage here, before the P V wait: the mbarrier poll loop ends
+      // a basic block, and ptxas hoists a wgmma wait (WARPGROUP.DEPBAR) to the top of its block.
+      // Without this the wait for P(n) V(n) sat above the softmax (seen in the SASS), which then
+      // ran after the GEMM instead of under it: L=8192 causal 958 -> 916 us, L=4096 without a
+      // mask 445 -> 435 us (H200, bench variant A/B, 2026-11-30).
+      mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);
       warpgroup_wait<0>();  // P V done: V stage s is free, P registers and O may be rewritten
       warpgroup_fence_operand(tOrO);
       mbar_arrive(&ss.empty_v[s]);
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[row_of(v)];
       convert_p();
     }
     {
       const int s = kv_it % kStages;
       mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
+      rescale_o(rescale);
       gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);

@@ -35,6 +35,13 @@ PAGED_ENTRY = Entry(
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
+# Mainloop variant (FI_FA3_VARIANT in prefill_sm90.cu, bits: 1 = rescale O before the P V issue,
+# 2 = convert P at the top of the next iteration, 4 = wait for the next V stage before the P V
+# wait). None = the source's default. Changed only by the fa3 bench routines (option variant=N)
+# for A/B runs.
+VARIANT = None
+
+
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
 def kv_tile(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 80
@@ -51,8 +58,12 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
     arch = Arch.parse(arch)
     layout = "paged" if paged else "ragged"
     mask = "causal" if causal else "full"
+    defines = {}
+    if VARIANT is not None:
+        defines["FI_FA3_VARIANT"] = str(VARIANT)
     return KernelSpec(
-        name=f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}",
+        name=(f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}"
+              + (f"_v{VARIANT}" if VARIANT is not None else "")),
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
@@ -61,6 +72,7 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_CAUSAL": "1" if causal else "0",
             "FI_PAGED": "1" if paged else "0",
             "FI_SOFTCAP": "1" if softcap else "0",
+            **defines,
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
