@@ -3,7 +3,8 @@ to torch SDPA (cuDNN / flash backends) in the same run, reported as TFLOP/s.
 
 Options (``--option key=value``): ``backend`` = auto | fa2 | fa3 (default auto); ``L`` (single
 prefill lengths, comma separated); ``causal`` = 0 | 1; ``tile`` = ``WARPS,MTILES,KVTILE`` overrides
-the fa2 tile config for head_dim 128 (e.g. ``tile=8,1,64``) to compare configurations in one run.
+the fa2 tile config for head_dim 128 (e.g. ``tile=8,1,64``) to compare configurations in one run;
+``variant=N`` builds the fa3 kernel with FI_FA3_VARIANT=N (see ``prefill/hopper/spec.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ def _apply_tile_option(args: RoutineArgs) -> str:
         launch._occupancy.cache_clear()
         api._single_schedule.cache_clear()
     w, m, n = spec.tile_config(128, 128)
-    return f"w{w}m{m}n{n}"
+    label = f"w{w}m{m}n{n}"
+    if "variant" in args.options:
+        from fi_core.bench import apply_tuning  # noqa: PLC0415
+
+        from fi_attention.prefill.hopper import spec as hopper_spec  # noqa: PLC0415
+
+        label += apply_tuning(args, hopper_spec, {"variant": "VARIANT"}, hopper_spec.prefill_sm90_spec)
+    return label
 
 
 def _target_us(kind, length, flops, backend):

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Interleaved A/B timing of fa3 prefill kernel builds in one process on the GPU.
+
+Separate bench processes drift by several per cent on the lent H200 (clocks, power), more than the
+changes being compared. Here every build of the kernel is loaded into one process and the builds
+are timed in turns (round-robin, CUDA graphs of a few launches, median over rounds), so drift hits
+them alike.
+
+    python3 tools/ab_fa3.py [--rounds 7] [--cases single8k,single16k,ragged,paged] BUILD ...
+
+BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
+another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git archive``). ``--build-only``
+compiles the needed modules (for a kernel cache that travels to the GPU machine) and exits.
+Prints one line per case with the median time of each build and its ratio to the first build;
+``--json PATH`` writes the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HQ, HKV, D = 32, 8, 128
+
+
+def spec_factory(build: str):
+    """A replacement for hopper.prefill_sm90_spec that returns the given build's module spec."""
+    from fi_attention.prefill.hopper import spec as hs  # noqa: PLC0415
+
+    raw = hs.prefill_sm90_spec.__wrapped__
+    if build.isdigit():
+        def make(*args, **kw):
+            old, hs.VARIANT = hs.VARIANT, (int(build) or None)
+            try:
+                return raw(*args, **kw)
+            finally:
+                hs.VARIANT = old
+        return make
+    path = Path(build).resolve()
+    tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
+
+    def make_other(*args, **kw):
+        old, hs.VARIANT = hs.VARIANT, None
+        try:
+            s = raw(*args, **kw)
+        finally:
+            hs.VARIANT = old
+        return dataclasses.replace(s, name=f"{s.name}_{tag}", sources=(path,))
+    return make_other
+
+
+def specs_for(build: str, arch) -> list:
+    make = spec_factory(build)
+    bf16 = torch.bfloat16
+    return [make(bf16, D, True, arch), make(bf16, D, False, arch), make(bf16, D, True, arch, paged=True)]
+
+
+def cases(names, dev):
+    """name -> (flops, fn(run_ragged, run_paged)) with inputs allocated once."""
+    from fi_core import testing  # noqa: PLC0415
+
+    out = {}
+    i32 = dict(dtype=torch.int32, device=dev)
+    bf16 = torch.bfloat16
+    for name in names:
+        singles = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
+        if name in singles:
+            L = singles[name]
+            causal = not name.startswith("full")
+            q = testing.randn((L, HQ, D), bf16, dev, seed=1)
+            k = testing.randn((L, HKV, D), bf16, dev, seed=2)
+            v = testing.randn((L, HKV, D), bf16, dev, seed=3)
+            o = torch.empty_like(q)
+
+            def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal):
+                rr(q, k, v, None, None, o, None, causal=causal, sm_scale=D ** -0.5, max_qo_len=L, batch_size=1)
+            flops = 4.0 * L * L * HQ * D / (2 if causal else 1)
+        elif name in ("ragged", "paged"):
+            batch, L, page = 16, 2048, 16
+            q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
+            o = torch.empty_like(q)
+            qo = torch.arange(batch + 1, **i32) * L
+            if name == "ragged":
+                k = testing.randn((batch * L, HKV, D), bf16, dev, seed=5)
+                v = testing.randn((batch * L, HKV, D), bf16, dev, seed=6)
+
+                def fn(rr, rp, q=q, k=k, v=v, o=o, qo=qo, L=L, batch=batch):
+                    rr(q, k, v, qo, qo, o, None, causal=True, sm_scale=D ** -0.5, max_qo_len=L, batch_size=batch)
+            else:
+                pages = batch * L // page
+                cache = testing.randn((pages, 2, page, HKV, D), bf16, dev, seed=7)
+                kc, vc = cache[:, 0], cache[:, 1]
+                idx = torch.randperm(pages, generator=testing.generator(0)).to(**i32)
+                kvp = torch.arange(batch + 1, **i32) * (L // page)
+                last = torch.full((batch,), page, **i32)
+
+                def fn(rr, rp, q=q, kc=kc, vc=vc, o=o, qo=qo, kvp=kvp, idx=idx, last=last, L=L, batch=batch, page=page):
+                    rp(q, kc, vc, qo, kvp, idx, last, o, None, k_strides=tuple(kc.stride()[:3]),
+                       v_strides=tuple(vc.stride()[:3]), page_size=page, causal=True, sm_scale=D ** -0.5,
+                       max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
+            flops = batch * 4.0 * L * L * HQ * D / 2
+        else:
+            raise SystemExit(f"unknown case {name}")
+        out[name] = (flops, fn, o)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=5, help="launches per graph replay")
+    ap.add_argument("--cases", default="single8k,single16k,full4k,ragged,paged")
+    ap.add_argument("--warmup-s", type=float, default=3.0, help="seconds of untimed replays first")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from fi_core import Arch  # noqa: PLC0415
+    from fi_core.jit import build_many  # noqa: PLC0415
+
+    if args.build_only:
+        arch = Arch.parse("9.0a")
+        specs = [s for b in args.builds for s in specs_for(b, arch)]
+        build_many(specs)
+        print(f"built {len(specs)} modules")
+        return 0
+
+    import fi_attention.prefill.hopper as hop  # noqa: PLC0415
+
+    dev = torch.device("cuda")
+    names = args.cases.split(",")
+    work = cases(names, dev)
+    graphs = {}  # (case, build) -> graph
+    refs = {}
+    for b in args.builds:
+        hop.prefill_sm90_spec = spec_factory(b)
+        for name, (_flops, fn, o) in work.items():
+            fn(hop.run_ragged, hop.run_paged)  # load + warm up outside the capture
+            torch.cuda.synchronize()
+            if name in refs:  # every build must agree with the first (same math, same inputs)
+                err = (o.float() - refs[name]).abs().max().item()
+                if not err < 2e-2:
+                    raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: {err:.3e}")
+            else:
+                refs[name] = o.float().clone()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(args.calls):
+                    fn(hop.run_ragged, hop.run_paged)
+            graphs[(name, b)] = g
+    times = {k: [] for k in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # Clocks ramp up under load: replay everything for a while before the first timed round.
+    t_end = time.time() + args.warmup_s
+    while time.time() < t_end:
+        for g in graphs.values():
+            g.replay()
+        torch.cuda.synchronize()
+    for r in range(args.rounds):
+        order = args.builds if r % 2 == 0 else args.builds[::-1]
+        for name in names:
+            for b in order:
+                g = graphs[(name, b)]
+                g.replay()  # warm
+                start.record()
+                g.replay()
+                end.record()
+                end.synchronize()
+                times[(name, b)].append(start.elapsed_time(end) * 1000 / args.calls)
+    result = {}
+    for name in names:
+        flops = work[name][0]
+        med = {b: statistics.median(times[(name, b)]) for b in args.builds}
+        first = med[args.builds[0]]
+        cells = "  ".join(f"[{b}] {med[b]:9.1f} us {flops / med[b] / 1e6:6.1f} TF/s x{first / med[b]:.3f}"
+                          for b in args.builds)
+        print(f"{name:10s} {cells}")
+        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)],
+                            "tflop_s": flops / med[b] / 1e6} for b in args.builds}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"builds": args.builds, "cases": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
