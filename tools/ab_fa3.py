@@ -11,7 +11,8 @@ them alike.
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
 another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git archive``). ``--build-only``
 compiles the needed modules (for a kernel cache that travels to the GPU machine) and exits.
-Prints one line per case with the median time of each build and its ratio to the first build;
+Prints one line per case with the median time of each build and its speed-up over the first build
+(median of the per-round ratios);
 ``--json PATH`` writes the same numbers.
 """
 
@@ -180,11 +181,14 @@ def main() -> int:
     for name in names:
         flops = work[name][0]
         med = {b: statistics.median(times[(name, b)]) for b in args.builds}
-        first = med[args.builds[0]]
-        cells = "  ".join(f"[{b}] {med[b]:9.1f} us {flops / med[b] / 1e6:6.1f} TF/s x{first / med[b]:.3f}"
+        # Speed-up over the first build: median of the per-round ratios (each pair timed back to
+        # back), steadier than the ratio of the medians.
+        t0 = times[(name, args.builds[0])]
+        paired = {b: statistics.median(a / c for a, c in zip(t0, times[(name, b)])) for b in args.builds}
+        cells = "  ".join(f"[{b}] {med[b]:9.1f} us {flops / med[b] / 1e6:6.1f} TF/s x{paired[b]:.3f}"
                           for b in args.builds)
         print(f"{name:10s} {cells}")
-        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)],
+        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)], "paired_speedup": paired[b],
                             "tflop_s": flops / med[b] / 1e6} for b in args.builds}
     if args.json:
         Path(args.json).write_text(json.dumps({"builds": args.builds, "cases": result}, indent=1))
