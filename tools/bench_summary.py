@@ -60,6 +60,27 @@ def routine_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def ab_table(data: dict) -> str:
+    """An interleaved A/B run of tools/ab_fa3.py: one row per case, one column per build (median
+    time and speed-up over the first build, the median of per-round ratios)."""
+    env = data["environment"]
+    cases = data["cases"]
+    builds = list(next(iter(cases.values())))
+    lines = [
+        f"## {data['routine']}",
+        "",
+        f"{env.get('date', '?')} on {env.get('gpu', '?')}; command: `{env.get('command', '?')}`"
+        + (f". {env['note']}" if env.get("note") else ""),
+        "",
+        "| case | " + " | ".join(builds) + " |",
+        "|---|" + "---|" * len(builds),
+    ]
+    for case, row in cases.items():
+        cells = [f"{fmt(row[b]['median_us'], 1)} us (x{row[b]['paired_speedup']:.3f})" for b in builds]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", default="benchmarks/results/h200")
@@ -73,7 +94,8 @@ def main() -> int:
     if pre.is_file():
         parts.append(pre.read_text())
     for f in files:
-        parts.append(routine_table(json.loads(f.read_text())))
+        data = json.loads(f.read_text())
+        parts.append(ab_table(data) if "cases" in data else routine_table(data))
     Path(args.out).write_text("\n\n".join(parts) + "\n")
     print(f"wrote {args.out} from {len(files)} result file(s)")
     return 0

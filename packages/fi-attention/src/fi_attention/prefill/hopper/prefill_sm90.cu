@@ -8,7 +8,8 @@
 //            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
 //            transposed from smem through an MN-major descriptor).
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
-// of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2).
+// of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2); the
+// two consumer warpgroups issue independently (no ping-pong, see kPingPong).
 // setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
 // tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 //
@@ -44,6 +45,11 @@
 #endif
 #ifndef FI_SOFTCAP
 #define FI_SOFTCAP 0
+#endif
+// FI_FA3_VARIANT selects an experimental schedule for A/B runs (bench option variant=N); 0, the
+// default, is the shipped one.
+#ifndef FI_FA3_VARIANT
+#define FI_FA3_VARIANT 0
 #endif
 
 namespace fi_hopper {
@@ -92,18 +98,16 @@ static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs 
                   kProducerRegs <= kLaunchRegs && kConsumerRegs >= kLaunchRegs,
               "setmaxnreg takes multiples of 8 in [24, 256]; dec must lower and inc raise the launch count");
 // Ping-pong (FA3 "warp scheduler barrier"): the two consumer warpgroups take turns issuing their
-// GEMMs, so one warpgroup's softmax overlaps the other's GEMMs instead of both competing for the
-// tensor cores at once. Barrier ids kSchedBarrier + wg - 1 for wg = 1, 2.
-constexpr bool kPingPong = kHeadDim <= 128;
+// GEMMs, so one warpgroup's softmax overlaps the other's GEMMs. Off: once each warpgroup's softmax
+// runs under its own P V (see the KV loop), the turn-taking only added waits. tools/ab_fa3.py,
+// paired medians of 9 rounds (H200, 2026-11-30), without against with: L=8192 causal +1.7 % (9 of
+// 9 rounds), L=4096 without mask +1.4 %, ragged 16 x 2048 +1.5 %, paged +4.2 %, L=16384 -0.2 %.
+// FI_FA3_VARIANT bit 2 turns it back on for A/B runs. Barrier ids kSchedBarrier + wg - 1.
+constexpr bool kPingPong = kHeadDim <= 128 && (FI_FA3_VARIANT & 2);
 constexpr int kSchedBarrier = 1;
 // Persistent CTAs (see tile_of) for d <= 128. d = 256 keeps one tile per CTA: its consumers hold a
 // 64x256 fp32 O at the 240-register limit, and the tile loop's extra live state spills there.
 constexpr bool kPersistent = kHeadDim <= 128;
-// FI_FA3_VARIANT selects an experimental schedule for A/B runs (bench option variant=N); 0, the
-// default, is the shipped one.
-#ifndef FI_FA3_VARIANT
-#define FI_FA3_VARIANT 0
-#endif
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
