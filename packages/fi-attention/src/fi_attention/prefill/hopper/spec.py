@@ -35,10 +35,9 @@ PAGED_ENTRY = Entry(
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
-# Mainloop variant (FI_FA3_VARIANT in prefill_sm90.cu, bits: 1 = rescale O before the P V issue,
-# 2 = convert P at the top of the next iteration, 4 = wait for the next V stage before the P V
-# wait). None = the source's default. Changed only by the fa3 bench routines (option variant=N)
-# for A/B runs.
+# Experimental schedule of the kernel (FI_FA3_VARIANT in prefill_sm90.cu; its meaning is defined
+# there, now: bit 2 = ping-pong between the consumer warpgroups on). None = the shipped kernel.
+# Changed only by the prefill bench routines (option variant=N) and tools/ab_fa3.py for A/B runs.
 VARIANT = None
 
 
