@@ -37,25 +37,24 @@ def spec_factory(build: str):
     from fi_attention.prefill.hopper import spec as hs  # noqa: PLC0415
 
     raw = hs.prefill_sm90_spec.__wrapped__
-    if build.isdigit():
-        def make(*args, **kw):
-            old, hs.VARIANT = hs.VARIANT, (int(build) or None)
-            try:
-                return raw(*args, **kw)
-            finally:
-                hs.VARIANT = old
-        return make
-    path = Path(build).resolve()
-    tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
 
-    def make_other(*args, **kw):
-        old, hs.VARIANT = hs.VARIANT, None
+    def build_spec(variant, *args, **kw):
+        old, hs.VARIANT = hs.VARIANT, variant
         try:
-            s = raw(*args, **kw)
+            return raw(*args, **kw)
         finally:
             hs.VARIANT = old
-        return dataclasses.replace(s, name=f"{s.name}_{tag}", sources=(path,))
-    return make_other
+
+    if build.isdigit():
+        return lambda *args, **kw: build_spec(int(build) or None, *args, **kw)
+    path = Path(build).resolve()
+    tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
+    return lambda *args, **kw: _other(build_spec(None, *args, **kw), tag, path)
+
+
+def _other(spec, tag, path):
+    """``spec`` with another source file, under its own module name."""
+    return dataclasses.replace(spec, name=f"{spec.name}_{tag}", sources=(path,))
 
 
 def specs_for(build: str, arch) -> list:
