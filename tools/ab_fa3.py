@@ -57,10 +57,16 @@ def _other(spec, tag, path):
     return dataclasses.replace(spec, name=f"{spec.name}_{tag}", sources=(path,))
 
 
-def specs_for(build: str, arch) -> list:
+def specs_for(build: str, arch, names) -> list:
+    """The modules the named cases load for one build."""
     make = spec_factory(build)
     bf16 = torch.bfloat16
-    return [make(bf16, D, True, arch), make(bf16, D, False, arch), make(bf16, D, True, arch, paged=True)]
+    need = {"full": any(n.startswith("full") for n in names),
+            "causal": any(n.startswith("single") and not n.endswith("_d256") or n == "ragged" for n in names),
+            "paged": any(n.startswith("paged") for n in names),
+            "d256": any(n.endswith("_d256") for n in names)}
+    return ([make(bf16, D, True, arch)] * need["causal"] + [make(bf16, D, False, arch)] * need["full"]
+            + [make(bf16, D, True, arch, paged=True)] * need["paged"] + [make(bf16, 256, True, arch)] * need["d256"])
 
 
 def cases(names, dev):
@@ -71,20 +77,24 @@ def cases(names, dev):
     i32 = dict(dtype=torch.int32, device=dev)
     bf16 = torch.bfloat16
     for name in names:
-        singles = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
+        # single4k_d256: head_dim 256
+        singles = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096, "single4k_d256": 4096}
         if name in singles:
             L = singles[name]
+            d = 256 if name.endswith("_d256") else D
             causal = not name.startswith("full")
-            q = testing.randn((L, HQ, D), bf16, dev, seed=1)
-            k = testing.randn((L, HKV, D), bf16, dev, seed=2)
-            v = testing.randn((L, HKV, D), bf16, dev, seed=3)
+            q = testing.randn((L, HQ, d), bf16, dev, seed=1)
+            k = testing.randn((L, HKV, d), bf16, dev, seed=2)
+            v = testing.randn((L, HKV, d), bf16, dev, seed=3)
             o = torch.empty_like(q)
 
-            def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal):
-                rr(q, k, v, None, None, o, None, causal=causal, sm_scale=D ** -0.5, max_qo_len=L, batch_size=1)
-            flops = 4.0 * L * L * HQ * D / (2 if causal else 1)
-        elif name in ("ragged", "paged"):
-            batch, L, page = 16, 2048, 16
+            def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal, d=d):
+                rr(q, k, v, None, None, o, None, causal=causal, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1)
+            flops = 4.0 * L * L * HQ * d / (2 if causal else 1)
+        elif name in ("ragged", "paged", "paged_seq", "paged128"):
+            # paged: page 16, pages in random order; paged_seq: page 16 in order; paged128: page
+            # 128 in random order (one box per tile half, as ragged)
+            batch, L, page = 16, 2048, 128 if name == "paged128" else 16
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
             o = torch.empty_like(q)
             qo = torch.arange(batch + 1, **i32) * L
@@ -98,7 +108,8 @@ def cases(names, dev):
                 pages = batch * L // page
                 cache = testing.randn((pages, 2, page, HKV, D), bf16, dev, seed=7)
                 kc, vc = cache[:, 0], cache[:, 1]
-                idx = torch.randperm(pages, generator=testing.generator(0)).to(**i32)
+                idx = (torch.arange(pages) if name == "paged_seq"
+                       else torch.randperm(pages, generator=testing.generator(0))).to(**i32)
                 kvp = torch.arange(batch + 1, **i32) * (L // page)
                 last = torch.full((batch,), page, **i32)
 
@@ -129,7 +140,7 @@ def main() -> int:
 
     if args.build_only:
         arch = Arch.parse("9.0a")
-        specs = [s for b in args.builds for s in specs_for(b, arch)]
+        specs = [s for b in args.builds for s in specs_for(b, arch, args.cases.split(","))]
         build_many(specs)
         print(f"built {len(specs)} modules")
         return 0

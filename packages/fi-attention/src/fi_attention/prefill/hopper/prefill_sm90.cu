@@ -3,7 +3,8 @@
 // One CTA = one 128-row query tile of one head of one request; 3 warpgroups:
 //   WG0      producer: one thread issues TMA loads (Q once, then K/V tiles into a 3-stage ring
 //            (2 at d=256), walking the KV tiles from the last to the first so the masked tiles
-//            come first). K and V stages have their own "empty" barriers (see SharedStorage).
+//            come first); paged K/V: one thread per warp, each issuing a share of the pages. K
+//            and V stages have their own "empty" barriers (see SharedStorage).
 //   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma SS (both from smem), P = softmax
 //            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
 //            transposed from smem through an MN-major descriptor).
@@ -23,6 +24,10 @@
 
 #include <algorithm>
 
+// wgmma shapes whose N is not a multiple of 32 are declared by CuTe only on request. d = 256 needs
+// them: without, its 80-column Q K^T became five 64x16 wgmma per k-slab instead of one 64x80
+// (tools/ab_fa3.py single4k_d256, H200: 700.8 -> 453.3 us, 392 -> 606 TFLOP/s).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/arch/mma_sm90.hpp>
@@ -82,14 +87,15 @@ static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
 // thread (ptxas reports 168 for every variant), 168 x 384 = 504 x 128 in all. A budget above it
 // (32/240 = 512 x 128) leaves a consumer warpgroup in setmaxnreg.inc forever: the round-2 kernel
 // hung on the H200 that way. Budgets with 0 spills on sm_90a (nvcc 13.0):
-//   d <= 128: 32/232. The persistent producer's tile loop (tile decode, page lookups, pipeline
-//             counters) spills at 24 for d=64 (and 4 bytes at d=128 causal); the consumers' peak
-//             (64x128 S and O) fits in 232.
+//   d = 128:  40/232 (64512 exactly). The persistent producer's tile loop (tile decode, the page
+//             ids of its boxes, pipeline counters) spills at 32 in the paged kernel; the
+//             consumers' peak (64x128 S and O) fits in 232.
+//   d = 64:   56/216. The same producer spills even at 40 here; the consumers need far less.
 //   d = 256:  24/240. The consumers hold a 64x256 fp32 O (128 registers) and spill below 240; the
 //             one-tile-per-CTA producer fits in 24. 24*128 + 240*256 = 64512 exactly: the consumers
 //             keep the per-tile scalars in shared memory (SharedStorage::tile_scalars) to fit.
-constexpr int kProducerRegs = kHeadDim <= 128 ? 32 : 24;
-constexpr int kConsumerRegs = kHeadDim <= 128 ? 232 : 240;
+constexpr int kProducerRegs = kHeadDim == 64 ? 56 : kHeadDim == 128 ? 40 : 24;
+constexpr int kConsumerRegs = kHeadDim == 64 ? 216 : kHeadDim == 128 ? 232 : 240;
 constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // per thread, from __launch_bounds__
 constexpr int kPoolRegs = kLaunchRegs * kThreads;          // the CTA's pool
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= kPoolRegs,
@@ -351,11 +357,17 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     reg_dealloc<kProducerRegs>();
     constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
     constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
-    // Ragged: thread 0 issues everything. Paged: warp 0; lane j fetches box j of a KV tile (one
-    // page, or a slice of a page larger than the tile), so the page-index loads of one tile are
-    // issued in parallel; lane 0 does the barrier work.
-    const int lane = threadIdx.x;
-    if (lane < (kPaged ? 32 : 1)) {
+    // Ragged: thread 0 issues everything. Paged, d <= 128: lane 0 of each of the 4 producer warps
+    // issues the boxes j = warp, warp + 4, ... of every KV tile (a box is one page, or a slice of a
+    // page larger than the tile). A TMA instruction takes its coordinates from uniform registers,
+    // so a warp whose lanes hold different pages issues them one lane after the other: warp 0
+    // issuing all 16 boxes of a page-16 tile (lane j box j, the form d = 256 keeps: its
+    // 24-register producer spills in the four-warp form) was the limiter of the paged batch, 15-17 %
+    // slower than four warps (tools/ab_fa3.py paged / paged_seq, paired medians of 9 rounds).
+    constexpr bool kSpread = kPaged && kHeadDim <= 128;
+    [[maybe_unused]] constexpr int kBoxesPerWarp = (kBlockN / 8 + 3) / 4;  // page_size >= 8
+    const int lane = threadIdx.x % 32, pwarp = threadIdx.x / 32;
+    if (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1)) {
       int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
       int q_it = 0;   // query tiles loaded so far
       for (int round = 0;; ++round) {
@@ -364,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         const Tile w = tile_info(p, t);
         if (!w.valid || w.n_end <= w.n_start) continue;  // the consumers skip the same tiles
         const int kv_head = w.head / p.group_size;
-        if (lane == 0) {
+        if (pwarp == 0 && lane == 0) {
           // The single Q buffer is free once both consumer warpgroups finished the previous
           // tile's last Q K^T; this overlaps the Q load with their last P V and epilogue.
           mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
@@ -378,38 +390,75 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           const int s = kv_it % kStages;
           const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
 #if FI_PAGED
+          // Per tile, but derived here: kept live through the loop they made d = 256 spill.
           const int box_rows = min(p.page_size, kBlockN);
           const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
           const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
-          // Keys past the request's end (last tile) read its last page; they are masked anyway.
-          const int key0 = n * kBlockN + lane * box_rows;
-          const int page_local = min(key0 / p.page_size, num_pages - 1);
-          const int in_page = key0 - (key0 / p.page_size) * p.page_size;
-          const int page = lane < boxes ? p.kv_indices[w.kv_start + page_local] : 0;
-          const int c1 = p.heads_outer ? in_page : kv_head;
-          const int c2 = p.heads_outer ? kv_head : in_page;
-          // K first (its stage frees earlier), then V; expect_tx precedes every box of its barrier.
-          if (lane == 0) {
+          // Page id of box j (first key `key`). Keys past the request's end (last tile) read its
+          // last page; they are masked anyway.
+          auto page_id = [&](int key) { return p.kv_indices[w.kv_start + min(key / p.page_size, num_pages - 1)]; };
+          if constexpr (kSpread) {
+            // With boxes > 1 every box starts a page; with one box the tile is a slice of a page.
+            const int in_page = (n * kBlockN) % p.page_size;
+            const int c1 = p.heads_outer ? in_page : kv_head;
+            const int c2 = p.heads_outer ? kv_head : in_page;
+            int pg[kBoxesPerWarp];  // this warp's page ids, loaded before the waits
+            CUTE_UNROLL
+            for (int i = 0; i < kBoxesPerWarp; ++i)
+              pg[i] = pwarp + 4 * i < boxes ? page_id(n * kBlockN + (pwarp + 4 * i) * box_rows) : 0;
+            // K first (its stage frees earlier), then V. Warp 0 owns the expect_tx. Another
+            // warp's boxes may land before it: the phase cannot complete before that arrive
+            // (count 1), and the transaction count may go negative meanwhile.
             mbar_wait(&ss.empty_k[s], empty_phase);
-            mbar_expect_tx(&ss.full_k[s], kKVBytes);
-          }
-          __syncwarp();
-          if (lane < boxes) {
-            Element* k_dst = &ss.k[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
-            for (int bx = 0; bx < kBoxes; ++bx)
-              tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, page);
-          }
-          if (lane == 0) {
+            if (pwarp == 0) mbar_expect_tx(&ss.full_k[s], kKVBytes);
+            CUTE_UNROLL
+            for (int i = 0; i < kBoxesPerWarp; ++i) {
+              const int j = pwarp + 4 * i;
+              if (j < boxes) {
+                Element* k_dst = &ss.k[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
+                for (int bx = 0; bx < kBoxes; ++bx)
+                  tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, pg[i]);
+              }
+            }
             mbar_wait(&ss.empty_v[s], empty_phase);
-            mbar_expect_tx(&ss.full_v[s], kKVBytes);
+            if (pwarp == 0) mbar_expect_tx(&ss.full_v[s], kKVBytes);
+            CUTE_UNROLL
+            for (int i = 0; i < kBoxesPerWarp; ++i) {
+              const int j = pwarp + 4 * i;
+              if (j < boxes) {
+                Element* v_dst = &ss.v[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
+                for (int bx = 0; bx < kBoxes; ++bx)
+                  tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, pg[i]);
+              }
+            }
+          } else {  // d = 256: warp 0, lane j issues box j; lane 0 does the barrier work
+            const int key0 = n * kBlockN + lane * box_rows;
+            const int in_page = key0 - (key0 / p.page_size) * p.page_size;
+            const int c1 = p.heads_outer ? in_page : kv_head;
+            const int c2 = p.heads_outer ? kv_head : in_page;
+            const int page = lane < boxes ? page_id(key0) : 0;
+            if (lane == 0) {
+              mbar_wait(&ss.empty_k[s], empty_phase);
+              mbar_expect_tx(&ss.full_k[s], kKVBytes);
+            }
+            __syncwarp();
+            if (lane < boxes) {
+              Element* k_dst = &ss.k[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+              for (int bx = 0; bx < kBoxes; ++bx)
+                tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, page);
+            }
+            if (lane == 0) {
+              mbar_wait(&ss.empty_v[s], empty_phase);
+              mbar_expect_tx(&ss.full_v[s], kKVBytes);
+            }
+            __syncwarp();
+            if (lane < boxes) {
+              Element* v_dst = &ss.v[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
+              for (int bx = 0; bx < kBoxes; ++bx)
+                tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, page);
+            }
+            __syncwarp();
           }
-          __syncwarp();
-          if (lane < boxes) {
-            Element* v_dst = &ss.v[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
-            for (int bx = 0; bx < kBoxes; ++bx)
-              tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, page);
-          }
-          __syncwarp();
 #else
           Element* k_dst = &ss.k[s * kBlockN * kHeadDim];
           Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
