@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 HQ, HKV, D = 32, 8, 128
+NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
+        "rounds of t(first build) / t(build)")
 
 
 def spec_factory(build: str):
@@ -133,6 +135,7 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=3.0, help="seconds of untimed replays first")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
     args = ap.parse_args()
 
     from fi_core import Arch  # noqa: PLC0415
@@ -200,8 +203,13 @@ def main() -> int:
         print(f"{name:10s} {cells}")
         result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)], "paired_speedup": paired[b],
                             "tflop_s": flops / med[b] / 1e6} for b in args.builds}
-    if args.json:
-        Path(args.json).write_text(json.dumps({"builds": args.builds, "cases": result}, indent=1))
+    if args.json:  # the form tools/bench_summary.py renders
+        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+               "command": "python3 tools/ab_fa3.py " + " ".join(sys.argv[1:]),
+               "gpu": torch.cuda.get_device_name(dev), "note": NOTE}
+        Path(args.json).write_text(json.dumps({"routine": f"fa3 A/B (tools/ab_fa3.py): {args.label}",
+                                               "environment": env, "builds": args.builds, "cases": result},
+                                              indent=1))
     return 0
 
 
