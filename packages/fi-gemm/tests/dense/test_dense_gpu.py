@@ -190,10 +190,10 @@ def test_cuda_graph_replay_and_determinism(m):
 # steps of 32, split 13 + 12, the last vector of each row in the second CTA's range.
 @pytest.fixture
 def _fresh_dispatch():
-    api._CHOICE.clear()
+    api.reset_dispatch()
     dense_spec.gemv_spec.cache_clear()
     yield
-    api._CHOICE.clear()
+    api.reset_dispatch()
     dense_spec.gemv_spec.cache_clear()
 
 
@@ -251,10 +251,10 @@ def _tuning_file(tmp_path, monkeypatch):
     path = tmp_path / "tuning.json"
     monkeypatch.setattr(tuning, "_path", lambda name: path)
     tuning.forget()
-    api._CHOICE.clear()
+    api.reset_dispatch()
     yield path
     tuning.forget()
-    api._CHOICE.clear()
+    api.reset_dispatch()
 
 
 def test_autotune_times_the_table_and_later_processes_reuse_the_choice(_tuning_file, _fp8_candidates):
@@ -269,7 +269,7 @@ def test_autotune_times_the_table_and_later_processes_reuse_the_choice(_tuning_f
     assert set(entry["us"]) == set(dense_spec.CONFIGS_FP8), entry
     assert entry["config"] == min(entry["us"], key=entry["us"].get)
     tuning.forget()  # a new process: outside any autotune() the recorded unit runs
-    api._CHOICE.clear()
+    api.reset_dispatch()
     again = bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16)
     used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
     assert used == {f"gemm_sm90_e4m3_e4m3_bf16_{entry['config']}"}, used
@@ -293,3 +293,42 @@ def test_autotune_leaves_graph_capture_and_decode_shapes_alone(_tuning_file):
     torch.cuda.synchronize()
     testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
     testing.assert_close(small, gemm_reference(a[:8], w, bf16), dtype=bf16)
+
+
+# Repeat calls of the decode shapes take the recorded fast path (api._FAST): it must give the
+# checked path's results for new data, new scale values and new output buffers, and hand every
+# call it cannot vouch for (misaligned data, another shape, bias, out=) back to the checks.
+def test_repeat_decode_calls_take_the_fast_path_and_stay_correct():
+    api.reset_dispatch()
+    a, w = _operands(16, 1000, 776, bf16, seed=90)
+    first = mm_bf16(a, w.T)
+    assert len(api._FAST) == 1, "a checked gemv call must record its signature"
+    for seed in (91, 92):
+        a2, w2 = _operands(16, 1000, 776, bf16, seed=seed)
+        got = mm_bf16(a2, w2.T)
+        assert got.data_ptr() != first.data_ptr(), "every call returns a new output"
+        testing.assert_close(got, gemm_reference(a2, w2, bf16), dtype=bf16)
+    # 2 bytes past a 16-byte boundary: the fast path declines, the checked path copies nothing
+    # here but must still answer correctly (and not record the misaligned call).
+    buf = testing.randn((16 * 776 + 8,), bf16, DEV, seed=93)
+    a_odd = buf[1: 1 + 16 * 776].view(16, 776)
+    testing.assert_close(mm_bf16(a_odd, w.T), gemm_reference(a_odd, w, bf16), dtype=bf16)
+    # the first call's signature with a bias or an out= goes through the checks
+    bias = testing.randn((1000,), bf16, DEV, seed=94)
+    testing.assert_close(mm_bf16(a, w.T, bias=bias), gemm_reference(a, w, bf16, bias), dtype=bf16)
+    out = testing.empty_poisoned((16, 1000), bf16, DEV)
+    mm_bf16(a, w.T, out=out)
+    testing.assert_close(out, gemm_reference(a, w, bf16), dtype=bf16)
+
+
+def test_repeat_bmm_fp8_calls_use_each_calls_scales():
+    if arch_of(torch.device(DEV)).cc < 89:
+        pytest.skip("fp8 weight streaming needs sm_89")
+    api.reset_dispatch()
+    A, W, sa, sb = _fp8_operands(2, 16, 1000, 768, e4m3, e4m3, seed=95)  # fp8 gemv: K % 16 == 0
+    bmm_fp8(A, W.transpose(-2, -1), sa, sb, bf16)
+    assert len(api._FAST) == 1
+    for scale in (0.5, 2.0):
+        sa2 = torch.tensor([scale], device=DEV)
+        got = bmm_fp8(A, W.transpose(-2, -1), sa2, sb, bf16)
+        testing.assert_close(got, gemm_reference(A, W, bf16, None, sa2, sb), dtype=bf16)

@@ -98,3 +98,34 @@ def test_gemm_fp8_nt_groupwise_large_candidates(config, monkeypatch, _blockwise_
     ref = groupwise_reference(a, b, sa.T, sb.T, torch.float32)
     testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
     assert loaded == [f"gemm_blockwise_sm90_e4m3_e4m3_bf16_{config}"], loaded
+
+
+# Repeat calls take the recorded fast path (groupwise._FAST); new data and scales must give the
+# checked path's results, and a call with copies (K-major scales on the CUTLASS path) is never
+# recorded.
+@pytest.mark.parametrize("m", [16, 128])
+def test_repeat_groupwise_calls_take_the_fast_path_and_stay_correct(m):
+    if m > 16:
+        testing.require_cc(90, "the CUTLASS unit needs sm_90a", DEV)
+    groupwise.reset_dispatch()
+    n, k = 1000, 784
+
+    def operands(seed, mode):
+        a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=seed),
+                                             scale_major_mode=mode)
+        b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=seed + 1),
+                                   scale_major_mode=mode)
+        return a, b, sa, sb
+
+    gemm_fp8_nt_groupwise(*operands(100, "MN"), scale_major_mode="MN")
+    assert len(groupwise._FAST) == 1, "a checked call without copies must record its signature"
+    for seed in (102, 104):
+        a, b, sa, sb = operands(seed, "MN")
+        got = gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN")
+        ref = groupwise_reference(a, b, sa.T, sb.T, torch.float32)
+        testing.assert_close(got.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
+    a, b, sa, sb = operands(106, "K")
+    got = gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K")
+    testing.assert_close(got.float() / k ** 0.5, groupwise_reference(a, b, sa, sb, torch.float32) / k ** 0.5,
+                         dtype=bf16)
+    assert len(groupwise._FAST) == (2 if m <= 16 else 1), "K-major scales are copied for CUTLASS"

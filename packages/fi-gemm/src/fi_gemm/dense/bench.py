@@ -48,7 +48,7 @@ def mm_bf16_routine(args: RoutineArgs):
     # then, labelled with the suffix.
     gemv_tuning = apply_tuning(args, dense_spec, {"u8": "GEMV_U8", "m16": "GEMV_M16"}, dense_spec.gemv_spec)
     if gemv_tuning:
-        dense_api._CHOICE.clear()  # the dispatch memo holds the default unit's module
+        dense_api.reset_dispatch()  # the dispatch memos hold the default unit's module
         configs = [c for c in configs if c[0] <= 16]
     for m, n, k, target in configs:
         def make(i, m=m, n=n, k=k):

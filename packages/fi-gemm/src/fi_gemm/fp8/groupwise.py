@@ -22,6 +22,7 @@ from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, regi
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
+from . import spec as _spec
 from .spec import blockwise_config, blockwise_sm90_spec
 from .reference import groupwise_reference
 
@@ -76,6 +77,33 @@ GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
 _CHOICE: dict = {}
 _WS_SIZE: dict = {}
 _WS: dict = {}
+# Recorded call signatures (as fi_gemm.dense.api._FAST; see there): gemm_fp8_nt_groupwise calls
+# that a checked call served with a kernel of ours without copying anything go straight to the
+# launch when they come again. Values: (kind, fn, out shape, device index, int args, need), kind
+# "gemv" or "sm90" (whose workspace of `need` bytes is looked up per call).
+_FAST: dict = {}
+_FAST_LIMIT = 1024
+_Tensor = torch.Tensor
+_compiling = torch.compiler.is_compiling
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - CPU-only torch builds
+    _raw_stream = None
+
+
+def _fast_key(a, b, a_scale, b_scale, mode, out_dtype, backend, granularity) -> tuple:
+    """Every property of a call the checks and the dispatch read, except data pointers (their
+    alignment is tested per call), plus the large-M unit override of A/B runs."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a_scale.shape, a_scale.stride(),
+            a_scale.dtype, b_scale.shape, b_scale.stride(), b_scale.dtype, mode, out_dtype, backend,
+            granularity, a.get_device(), b.get_device(), a_scale.get_device(), b_scale.get_device(),
+            _spec.BLOCKWISE_LARGE)
+
+
+def reset_dispatch() -> None:
+    """Forget the dispatch memos (backend choices and recorded fast calls)."""
+    _CHOICE.clear()
+    _FAST.clear()
 
 
 def _choose(op: OpInfo, dev, dtype, m, k_ok, segmented, backend, d_ok=True) -> str:
@@ -122,25 +150,28 @@ def _scale(name: str, s, expected: tuple, device) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------
-def _gemm_dispatch(out, a, b, sa, sb, backend) -> None:
-    """out [m, n] = blockscaled(a [m, k], b [n, k]); sa [m, kb], sb [nb, kb] (any strides)."""
+def _gemm_dispatch(out, a, b, sa, sb, backend):
+    """out [m, n] = blockscaled(a [m, k], b [n, k]); sa [m, kb], sb [nb, kb] (any strides).
+    Returns (kind, launcher, int args, workspace bytes) of a kernel launch made without copies
+    (what a fast call repeats), else None."""
     m, k = a.shape
     n = b.shape[0]
     d_ok = n % 8 == 0 and (out.stride(0) % 8 == 0 or m == 1) and out.data_ptr() % 16 == 0
     name = _choose(GEMM_FP8_GROUPWISE, a.device, a.dtype, m, _k_ok(a, b), False, backend, d_ok)
     if m == 0 or n == 0:
-        return
+        return None
     if name == "reference":
         out.copy_(groupwise_reference(a, b, sa, sb, out.dtype))
-        return
+        return None
     if name == "cutlass_sm90":
         # CUTLASS takes MN-major scales: sfa [kb, m], sfb [kb, nb], contiguous, 16-byte aligned
         # (a view of the caller's tensor in "MN" mode; a small transposed copy in "K" mode).
         sfa, sfb = sa.T, sb.T
+        copied = False
         if not sfa.is_contiguous() or sfa.data_ptr() % 16:
-            sfa = sfa.contiguous()
+            sfa, copied = sfa.contiguous(), True
         if not sfb.is_contiguous() or sfb.data_ptr() % 16:
-            sfb = sfb.contiguous()
+            sfb, copied = sfb.contiguous(), True
         # Unit per call (by shape; spec.BLOCKWISE_LARGE, read each time, overrides it for A/B runs).
         mod = load(blockwise_sm90_spec(a.dtype, b.dtype, out.dtype, blockwise_config(m, n, k),
                                        arch_of(a.device)))
@@ -152,22 +183,22 @@ def _gemm_dispatch(out, a, b, sa, sb, backend) -> None:
             need = _WS_SIZE[key] = int(box.value)
         ws, ws_bytes = 0, 0
         if need:
-            buf = _WS.get(a.device)
+            buf = _WS.get(a.device.index)
             if buf is None or buf.numel() < need:
-                buf = _WS[a.device] = torch.empty(max(need, 1 << 20), dtype=torch.uint8,
-                                                  device=a.device)
+                buf = _WS[a.device.index] = torch.empty(max(need, 1 << 20), dtype=torch.uint8,
+                                                        device=a.device)
             ws, ws_bytes = buf.data_ptr(), buf.numel()
+        dims = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k,
+                out.stride(0) if m > 1 else n)
         mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
-                                   sfb.data_ptr(), m, n, k, a.stride(0) if m > 1 else k,
-                                   b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
-                                   ws, ws_bytes, current_stream(a.device))
-        return
+                                   sfb.data_ptr(), *dims, ws, ws_bytes, current_stream(a.device))
+        return None if copied else ("sm90", mod.fi_gemm_blockwise_sm90, dims, need)
     mod = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device)))
-    mod.fi_gemv_blockscaled(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(),
-                            sb.data_ptr(), m, n, k, a.stride(0) if m > 1 else k,
-                            b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
-                            sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
+    args = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
+            sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
+    mod.fi_gemv_blockscaled(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr(), *args,
                             current_stream(a.device))
+    return "gemv", mod.fi_gemv_blockscaled, args, 0
 
 
 @torch.library.custom_op("fi_gemm::gemm_fp8_groupwise", mutates_args=("out",))
@@ -228,6 +259,29 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
     >>> gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN").shape
     torch.Size([2, 128])
     """
+    if (out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor and type(a_scale) is _Tensor
+            and type(b_scale) is _Tensor and type(scale_granularity_mnk) is tuple
+            and scale_granularity_mnk == (1, 128, 128)):
+        key = _fast_key(a, b, a_scale, b_scale, scale_major_mode, out_dtype, backend, scale_granularity_mnk)
+        hit = _FAST.get(key)
+        if (hit is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16 or a_scale.data_ptr() % 16
+                                     or b_scale.data_ptr() % 16) and not _compiling()):
+            kind, fn, shape, dev, args, need = hit
+            ws = None
+            if kind == "sm90":
+                ws = _WS.get(dev) if need else None
+                if need and (ws is None or ws.numel() < need):
+                    hit = None
+            if hit is not None:
+                res = torch.empty(shape, dtype=torch.bfloat16 if out_dtype is None else out_dtype, device=dev)
+                if kind == "gemv":
+                    fn(res.data_ptr(), a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), *args,
+                       _raw_stream(dev))
+                else:
+                    fn(res.data_ptr(), a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), *args,
+                       0 if ws is None else ws.data_ptr(), 0 if ws is None else ws.numel(), _raw_stream(dev))
+                return res
+    out_given, out_dtype_arg = out is not None, out_dtype
     _check_granularity(scale_granularity_mnk)
     mode = "MN" if scale_major_mode is None else scale_major_mode
     if mode not in ("MN", "K"):
@@ -254,12 +308,20 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         sb = _scale("b_scale", b_scale, (kb, nb), device).T
     be = _backend(backend, GEMM_FP8_GROUPWISE)
     out = checks.output("out", out, (m, n), out_dtype, device)
+    a_in, b_in = a, b
     a = a if a.stride(-1) == 1 else a.contiguous()
     b = b if b.stride(-1) == 1 else b.contiguous()
     if torch.compiler.is_compiling():
         torch.ops.fi_gemm.gemm_fp8_groupwise(out, a, b, sa, sb, be)
-    else:
-        _gemm_dispatch(out, a, b, sa, sb, be)
+        return out
+    ran = _gemm_dispatch(out, a, b, sa, sb, be)
+    if (ran is not None and not out_given and a is a_in and b is b_in and _raw_stream is not None
+            and type(scale_granularity_mnk) is tuple):
+        if len(_FAST) >= _FAST_LIMIT:
+            _FAST.clear()
+        key = _fast_key(a, b, a_scale, b_scale, scale_major_mode, out_dtype_arg, backend, scale_granularity_mnk)
+        kind, fn, args, need = ran
+        _FAST[key] = (kind, fn, tuple(out.shape), device.index, args, need)
     return out
 
 
