@@ -55,12 +55,11 @@ def main() -> int:
         a, sa = quantize_fp8_per_token_group(torch.randn(m, 4096, device=DEV), scale_major_mode="MN")
         b, sb = quantize_fp8_block(torch.randn(4096, 4096, device=DEV), scale_major_mode="MN")
         sa_k, sb_k, sb_torch = sa.T.contiguous(), sb.T.contiguous(), sb.T.contiguous().T
-        host_us(res, f"gemm_fp8_nt_groupwise M={m} MN",
-                lambda: gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN"))
-        host_us(res, f"gemm_fp8_nt_groupwise M={m} K",
-                lambda: gemm_fp8_nt_groupwise(a, b, sa_k, sb_k, scale_major_mode="K"))
-        host_us(res, f"torch._scaled_mm blockwise M={m}",
-                lambda: torch._scaled_mm(a, b.T, sa.T, sb_torch, out_dtype=bf16))
+        ops = {f"gemm_fp8_nt_groupwise M={m} MN": (gemm_fp8_nt_groupwise, (a, b, sa, sb), {"scale_major_mode": "MN"}),
+               f"gemm_fp8_nt_groupwise M={m} K": (gemm_fp8_nt_groupwise, (a, b, sa_k, sb_k), {"scale_major_mode": "K"}),
+               f"torch._scaled_mm blockwise M={m}": (torch._scaled_mm, (a, b.T, sa.T, sb_torch), {"out_dtype": bf16})}
+        for name, (fn, args, kw) in ops.items():
+            host_us(res, name, lambda fn=fn, args=args, kw=kw: fn(*args, **kw))
     seg = SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV))
     xs = torch.randn(8 * 16, 4096, device=DEV, dtype=bf16)
     ws = torch.randn(8, 16, 4096, device=DEV, dtype=bf16)
