@@ -124,3 +124,36 @@ def test_grouped_mm_host_sizes_path():
     ref = torch.empty_like(out)
     segment_gemm_reference(a, b, ip, None, ref)
     testing.assert_close(out, ref, dtype=bf16)
+
+
+# Repeat run() calls of one signature take the recorded fast path (segment.api._FAST): new data,
+# new segment offsets and new weight indices must give the checked path's results; seg_lens (a
+# cumsum per call) and int32 offsets (a conversion per call) always take the checks.
+@pytest.mark.parametrize("column_major", [True, False])
+def test_repeat_segment_calls_take_the_fast_path_and_stay_correct(column_major):
+    from fi_gemm.segment import api  # noqa: PLC0415
+
+    api.reset_dispatch()
+    n, k, total = 16, 1024, 96
+    seg = SegmentGEMMWrapper(torch.empty(1 << 20, dtype=torch.int8, device=DEV))
+
+    def call(seed, ip, widx, i32=False):
+        x = testing.randn((total, k), bf16, DEV, seed=seed)
+        w_nk = testing.randn((4, n, k), bf16, DEV, seed=seed + 1, scale=k ** -0.5)
+        w = w_nk if column_major else w_nk.transpose(1, 2).contiguous()
+        indptr = torch.tensor(ip, device=DEV, dtype=torch.int32 if i32 else torch.int64)
+        wi = torch.tensor(widx, device=DEV)
+        got = seg.run(x, w, len(ip) - 1, column_major, seg_indptr=indptr, weight_indices=wi)
+        ref = testing.empty_poisoned((total, n), bf16, DEV)
+        segment_gemm_reference(x, w_nk, indptr.long(), wi, ref)
+        rows = slice(ip[0], ip[-1])
+        testing.assert_close(got[rows], ref[rows], dtype=bf16)
+
+    # Row-major weights are copied (transposed) on every call, so only column-major ones record.
+    recorded = 1 if column_major else 0
+    call(10, [0, 40, 40, 96], [3, 0, 1])
+    assert len(api._FAST) == recorded, "a checked call without copies must record its signature"
+    call(12, [0, 7, 60, 96], [1, 2, 3])
+    call(14, [4, 20, 50, 90], [0, 0, 2])
+    call(16, [0, 40, 40, 96], [3, 0, 1], i32=True)
+    assert len(api._FAST) == recorded, "int32 offsets are converted, so that call is not recorded"
