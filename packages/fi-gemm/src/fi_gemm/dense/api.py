@@ -176,7 +176,7 @@ def _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend):
 
 def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
                    bias: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],
-                   scale_b: Optional[torch.Tensor], backend: str) -> None:
+                   scale_b: Optional[torch.Tensor], backend: str):
     """out [(L,) M, N] = a [(L,) M, K] @ w [(L,) N, K]^T (* scales + bias), into `out`.
     Returns (plan, strides) when a kernel of ours ran, else None."""
     M, K = a.shape[-2], a.shape[-1]
@@ -313,6 +313,19 @@ def reset_dispatch() -> None:
     _FAST.clear()
 
 
+def _mm_key(a, b, out_dtype, backend) -> tuple:
+    """mm_bf16's call signature (see above)."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, out_dtype, backend,
+            a.get_device(), b.get_device(), "mm_bf16")
+
+
+def _bmm_fp8_key(A, B, A_scale, B_scale, dtype, backend) -> tuple:
+    """bmm_fp8's call signature (see above)."""
+    return (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, dtype, backend,
+            A.get_device(), B.get_device(), "bmm_fp8", A_scale.shape, A_scale.dtype,
+            A_scale.get_device(), B_scale.shape, B_scale.dtype, B_scale.get_device())
+
+
 def _fast_record(key, ran, out, dev_index: int) -> None:
     """Remember a checked call's gemv launch under ``key`` (see above)."""
     if ran is None or _raw_stream is None or tuning.active():
@@ -412,10 +425,8 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     --------
     bmm_bf16, bmm_fp8
     """
-    if bias is None and out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor:
-        key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, out_dtype, backend,
-               a.get_device(), b.get_device(), "mm_bf16")
-        hit = _FAST.get(key)
+    if bias is None and out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor and type(backend) is str:
+        hit = _FAST.get(_mm_key(a, b, out_dtype, backend))
         if hit is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16) and not _compiling():
             fn, shape, dev, args = hit
             out = torch.empty(shape, dtype=out_dtype, device=dev)
@@ -447,9 +458,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     ran = _run("mm_bf16", out, a, w, bias, None, None, be)
     if allocated and bias is None and a is a_in and w.data_ptr() == b_in.data_ptr() and w.stride(-1) == 1 \
             and device.type == "cuda":
-        _fast_record((a_in.shape, a_in.stride(), b_in.shape, b_in.stride(), a_in.dtype, b_in.dtype,
-                      out_dtype, backend, a_in.get_device(), b_in.get_device(), "mm_bf16"),
-                     ran, out, device.index)
+        _fast_record(_mm_key(a_in, b_in, out_dtype, backend), ran, out, device.index)
     return out
 
 
@@ -540,11 +549,8 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     torch.Size([1, 4, 32])
     """
     if (out is None and _FAST and type(A) is _Tensor and type(B) is _Tensor and type(A_scale) is _Tensor
-            and type(B_scale) is _Tensor):
-        key = (A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, dtype, backend,
-               A.get_device(), B.get_device(), "bmm_fp8", A_scale.shape, A_scale.dtype,
-               A_scale.get_device(), B_scale.shape, B_scale.dtype, B_scale.get_device())
-        hit = _FAST.get(key)
+            and type(B_scale) is _Tensor and type(backend) is str):
+        hit = _FAST.get(_bmm_fp8_key(A, B, A_scale, B_scale, dtype, backend))
         if hit is not None and not (A.data_ptr() % 16 or B.data_ptr() % 16) and not _compiling():
             fn, shape, dev, args = hit
             out = torch.empty(shape, dtype=dtype, device=dev)
@@ -572,8 +578,5 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     w = _weight_rows("B", B)
     ran = _run("bmm_fp8", out, A, w, None, A_scale, B_scale, be)
     if allocated and A is A_in and w.data_ptr() == B_in.data_ptr() and w.stride(-1) == 1 and device.type == "cuda":
-        _fast_record((A_in.shape, A_in.stride(), B_in.shape, B_in.stride(), A_in.dtype, B_in.dtype, dtype,
-                      backend, A_in.get_device(), B_in.get_device(), "bmm_fp8", A_scale.shape, A_scale.dtype,
-                      A_scale.get_device(), B_scale.shape, B_scale.dtype, B_scale.get_device()),
-                     ran, out, device.index)
+        _fast_record(_bmm_fp8_key(A_in, B_in, A_scale, B_scale, dtype, backend), ran, out, device.index)
     return out

@@ -261,7 +261,8 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
     """
     if (out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor and type(a_scale) is _Tensor
             and type(b_scale) is _Tensor and type(scale_granularity_mnk) is tuple
-            and scale_granularity_mnk == (1, 128, 128)):
+            and scale_granularity_mnk == (1, 128, 128) and type(backend) is str
+            and scale_major_mode in (None, "MN", "K")):
         key = _fast_key(a, b, a_scale, b_scale, scale_major_mode, out_dtype, backend, scale_granularity_mnk)
         hit = _FAST.get(key)
         if (hit is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16 or a_scale.data_ptr() % 16

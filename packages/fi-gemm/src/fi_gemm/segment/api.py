@@ -230,7 +230,8 @@ class SegmentGEMMWrapper:
             [total_rows, d_out].
         """
         if (out is None and seg_lens is None and _FAST and type(x) is _Tensor and type(weights) is _Tensor
-                and type(seg_indptr) is _Tensor and (weight_indices is None or type(weight_indices) is _Tensor)):
+                and type(seg_indptr) is _Tensor and (weight_indices is None or type(weight_indices) is _Tensor)
+                and type(batch_size) is int and type(self.backend) is str):
             hit = _FAST.get(_fast_key(x, weights, batch_size, weight_column_major, seg_indptr, weight_indices,
                                       self.backend))
             if (hit is not None and not (x.data_ptr() % 16 or weights.data_ptr() % 16) and not _compiling()
