@@ -8,12 +8,16 @@ them alike.
 
     python3 tools/ab_fa3.py [--rounds 7] [--cases single8k,single16k,ragged,paged] BUILD ...
 
+Cases (GQA 32/8, bf16, causal unless named full): single4k / single8k / single16k, full4k,
+single4k_d256 (head_dim 256), ragged (16 x 2048), paged (the same batch, page 16, pages in random
+order), paged_seq (page 16, pages in order), paged128 (page 128, random order).
+
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
-another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git archive``). ``--build-only``
-compiles the needed modules (for a kernel cache that travels to the GPU machine) and exits.
-Prints one line per case with the median time of each build and its speed-up over the first build
-(median of the per-round ratios);
-``--json PATH`` writes the same numbers.
+another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git show``). ``--build-only``
+compiles the modules the named cases need (for a kernel cache that travels to the GPU machine)
+and exits. Prints one line per case with the median time of each build and its speed-up over the
+first build (median of the per-round ratios); ``--json PATH`` writes the same numbers in the form
+tools/bench_summary.py renders (``--label`` says what the builds are).
 """
 
 from __future__ import annotations
