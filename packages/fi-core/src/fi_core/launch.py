@@ -12,6 +12,30 @@ try:  # the raw-handle accessor costs ~0.2 us; torch.cuda.current_stream() build
 except AttributeError:  # pragma: no cover - CPU-only torch builds
     _raw_stream = None
 
+# raw_stream(device_index) -> cudaStream_t of torch's current stream on that device, as an int,
+# without current_stream()'s device resolution; None on torch builds without CUDA. For launch
+# paths that already hold the device index.
+raw_stream = _raw_stream
+
+
+class CallMemo(dict):
+    """Bounded memo of the call signatures an op's checked path served, each mapped to what a
+    repeat call needs for its launch (the ops' fast paths: fi_gemm's dense, block-scaled and
+    segment GEMMs). A plain dict for lookups (``get`` stays the C method on the hot path); ``put``
+    forgets everything before a new signature once ``limit`` are held, so a stream of one-off
+    shapes cannot grow it without bound."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int = 1024) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, value) -> None:
+        if len(self) >= self.limit and key not in self:
+            self.clear()
+        self[key] = value
+
 
 def current_stream(device: torch.device | int | None = None) -> int:
     """cudaStream_t of torch's current stream on `device`, as an int for ctypes."""

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from fi_core import Backend, OpInfo, arch_of, checks, current_stream, device_info, load, register_op
+from fi_core.launch import CallMemo, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .. import tuning
@@ -298,12 +299,7 @@ def _run(op_name, out3, a3, w3, bias, scale_a, scale_b, backend):
 # ---------------------------------------------------------------------------------------------
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
-_FAST: dict = {}
-_FAST_LIMIT = 1024
-try:  # the raw cudaStream_t of torch's current stream (fi_core.launch.current_stream's core)
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _raw_stream = None
+_FAST = CallMemo()
 
 
 def reset_dispatch() -> None:
@@ -326,19 +322,19 @@ def _bmm_fp8_key(A, B, A_scale, B_scale, dtype, backend) -> tuple:
             A_scale.get_device(), B_scale.shape, B_scale.dtype, B_scale.get_device())
 
 
-def _fast_record(key, ran, out, dev_index: int) -> None:
+def _recordable(ran) -> bool:
+    """Whether a checked call's launch (``_run``'s result) can be repeated by the fast path: the
+    weight-streaming kernel, outside autotuning. Tested before any signature is built, so the
+    other checked calls (M > 16) pay nothing for the fast path."""
+    return ran is not None and ran[0][0] == "gemv" and raw_stream is not None and not tuning.active()
+
+
+def _fast_record(key, ran, out, K: int, dev_index: int) -> None:
     """Remember a checked call's gemv launch under ``key`` (see above)."""
-    if ran is None or _raw_stream is None or tuning.active():
-        return
-    (name, mod), st = ran
-    if name != "gemv":
-        return
-    if len(_FAST) >= _FAST_LIMIT:
-        _FAST.clear()
+    (_, mod), st = ran
     M, N = out.shape[-2], out.shape[-1]
     L = out.shape[0] if out.dim() == 3 else 1
-    K = key[0][-1]
-    _FAST[key] = (mod.fi_gemv, tuple(out.shape), dev_index, (M, N, K, L, *st))
+    _FAST.put(key, (mod.fi_gemv, tuple(out.shape), dev_index, (M, N, K, L, *st)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,7 +426,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
         if hit is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16) and not _compiling():
             fn, shape, dev, args = hit
             out = torch.empty(shape, dtype=out_dtype, device=dev)
-            fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), None, None, None, *args, _raw_stream(dev))
+            fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), None, None, None, *args, raw_stream(dev))
             return out
     allocated = out is None
     checks.tensor("a", a)
@@ -456,9 +452,9 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     a = a if a.stride(-1) == 1 or k <= 1 else a.contiguous()
     w = _weight_rows("b", b)
     ran = _run("mm_bf16", out, a, w, bias, None, None, be)
-    if allocated and bias is None and a is a_in and w.data_ptr() == b_in.data_ptr() and w.stride(-1) == 1 \
-            and device.type == "cuda":
-        _fast_record(_mm_key(a_in, b_in, out_dtype, backend), ran, out, device.index)
+    if (allocated and bias is None and _recordable(ran) and a is a_in and w.data_ptr() == b_in.data_ptr()
+            and w.stride(-1) == 1):
+        _fast_record(_mm_key(a_in, b_in, out_dtype, backend), ran, out, k, device.index)
     return out
 
 
@@ -555,7 +551,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
             fn, shape, dev, args = hit
             out = torch.empty(shape, dtype=dtype, device=dev)
             fn(out.data_ptr(), A.data_ptr(), B.data_ptr(), None, A_scale.data_ptr(), B_scale.data_ptr(),
-               *args, _raw_stream(dev))
+               *args, raw_stream(dev))
             return out
     allocated = out is None
     checks.tensor("A", A)
@@ -577,6 +573,6 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     A = A if A.stride(-1) == 1 or k <= 1 else A.contiguous()
     w = _weight_rows("B", B)
     ran = _run("bmm_fp8", out, A, w, None, A_scale, B_scale, be)
-    if allocated and A is A_in and w.data_ptr() == B_in.data_ptr() and w.stride(-1) == 1 and device.type == "cuda":
-        _fast_record(_bmm_fp8_key(A_in, B_in, A_scale, B_scale, dtype, backend), ran, out, device.index)
+    if allocated and _recordable(ran) and A is A_in and w.data_ptr() == B_in.data_ptr() and w.stride(-1) == 1:
+        _fast_record(_bmm_fp8_key(A_in, B_in, A_scale, B_scale, dtype, backend), ran, out, k, device.index)
     return out

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
+from fi_core.launch import CallMemo, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
@@ -81,14 +82,9 @@ _WS: dict = {}
 # that a checked call served with a kernel of ours without copying anything go straight to the
 # launch when they come again. Values: (kind, fn, out shape, device index, int args, need), kind
 # "gemv" or "sm90" (whose workspace of `need` bytes is looked up per call).
-_FAST: dict = {}
-_FAST_LIMIT = 1024
+_FAST = CallMemo()
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _raw_stream = None
 
 
 def _fast_key(a, b, a_scale, b_scale, mode, out_dtype, backend, granularity) -> tuple:
@@ -277,10 +273,10 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
                 res = torch.empty(shape, dtype=torch.bfloat16 if out_dtype is None else out_dtype, device=dev)
                 if kind == "gemv":
                     fn(res.data_ptr(), a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), *args,
-                       _raw_stream(dev))
+                       raw_stream(dev))
                 else:
                     fn(res.data_ptr(), a.data_ptr(), b.data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), *args,
-                       0 if ws is None else ws.data_ptr(), 0 if ws is None else ws.numel(), _raw_stream(dev))
+                       0 if ws is None else ws.data_ptr(), 0 if ws is None else ws.numel(), raw_stream(dev))
                 return res
     out_given, out_dtype_arg = out is not None, out_dtype
     _check_granularity(scale_granularity_mnk)
@@ -316,13 +312,11 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         torch.ops.fi_gemm.gemm_fp8_groupwise(out, a, b, sa, sb, be)
         return out
     ran = _gemm_dispatch(out, a, b, sa, sb, be)
-    if (ran is not None and not out_given and a is a_in and b is b_in and _raw_stream is not None
+    if (ran is not None and not out_given and a is a_in and b is b_in and raw_stream is not None
             and type(scale_granularity_mnk) is tuple):
-        if len(_FAST) >= _FAST_LIMIT:
-            _FAST.clear()
         key = _fast_key(a, b, a_scale, b_scale, scale_major_mode, out_dtype_arg, backend, scale_granularity_mnk)
         kind, fn, args, need = ran
-        _FAST[key] = (kind, fn, tuple(out.shape), device.index, args, need)
+        _FAST.put(key, (kind, fn, tuple(out.shape), device.index, args, need))
     return out
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, register_op
+from fi_core.launch import CallMemo, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import gemv_spec
@@ -45,14 +46,9 @@ _CHOICE: dict = {}
 # Recorded call signatures of SegmentGEMMWrapper.run (as fi_gemm.dense.api._FAST; see there): a
 # call the checked path served with the kernel, without copies or conversions, with seg_indptr
 # and its own output, is repeated by later calls with the same signature straight at the launch.
-_FAST: dict = {}
-_FAST_LIMIT = 1024
+_FAST = CallMemo()
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover - CPU-only torch builds
-    _raw_stream = None
 
 
 def reset_dispatch() -> None:
@@ -240,7 +236,7 @@ class SegmentGEMMWrapper:
                 res = torch.empty(shape, dtype=dtype, device=dev)
                 fn(res.data_ptr(), x.data_ptr(), weights.data_ptr(), seg_indptr.data_ptr(),
                    None if weight_indices is None else weight_indices.data_ptr(), None, None, *args,
-                   _raw_stream(dev))
+                   raw_stream(dev))
                 return res
         x_in, seg_in, wi_in, out_given = x, seg_indptr, weight_indices, out is not None
         checks.tensor("x", x)
@@ -277,13 +273,11 @@ class SegmentGEMMWrapper:
         out, ran = _segment_gemm(x, w, seg_indptr, weight_indices, out, x.dtype, self.backend,
                                  "SegmentGEMMWrapper.run")
         if (ran is not None and not out_given and seg_lens is None and x is x_in and seg_indptr is seg_in
-                and weight_indices is wi_in and w.data_ptr() == weights.data_ptr() and _raw_stream is not None
+                and weight_indices is wi_in and w.data_ptr() == weights.data_ptr() and raw_stream is not None
                 and not knobs.check_inputs()):
-            if len(_FAST) >= _FAST_LIMIT:
-                _FAST.clear()
             fn, args = ran
-            _FAST[_fast_key(x, weights, batch_size, weight_column_major, seg_indptr, weight_indices,
-                            self.backend)] = (fn, tuple(out.shape), out.dtype, device.index, args)
+            _FAST.put(_fast_key(x, weights, batch_size, weight_column_major, seg_indptr, weight_indices,
+                                self.backend), (fn, tuple(out.shape), out.dtype, device.index, args))
         return out
 
     forward = run
