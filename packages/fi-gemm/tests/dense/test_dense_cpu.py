@@ -196,6 +196,27 @@ def test_fp8_candidate_specs_are_distinct_units():
     assert dict(spec.gemm_sm90_spec(e4m3, e4m3, bf16, "large", a).defines)["FI_PROMOTION"] == "8"
 
 
+def test_gemv_ab_switches_name_and_define_the_module(monkeypatch):
+    """spec.GEMV_AB (tools/ab_gemv.py) builds another module: its own name and -D per switch."""
+    from fi_core import Arch
+    from fi_gemm.dense import spec
+
+    a = Arch.parse("9.0a")
+    spec.gemv_spec.cache_clear()
+    base = spec.gemv_spec(bf16, bf16, bf16, a)
+    monkeypatch.setattr(spec, "GEMV_AB", {"ROLL": 0, "U16": 3})
+    spec.gemv_spec.cache_clear()
+    try:
+        ab = spec.gemv_spec(bf16, bf16, bf16, a)
+    finally:
+        monkeypatch.undo()
+        spec.gemv_spec.cache_clear()
+    assert ab.name == base.name + "_roll0_u163" and ab.key() != base.key()
+    assert dict(ab.defines)["FI_GEMV_ROLL"] == "0" and dict(ab.defines)["FI_GEMV_U16"] == "3"
+    assert "FI_GEMV_ROLL" not in dict(base.defines)
+    assert spec.gemv_spec(bf16, bf16, bf16, a).key() == base.key()
+
+
 def test_bench_config_option_parsing_and_restore():
     from fi_core.bench import RoutineArgs
     from fi_gemm.dense import spec

@@ -31,6 +31,15 @@
 // register kernel, and still slower. bmm_fp8 M = 16: 8.5 against 7.7; the LoRA segment GEMM
 // 13.2 against 13.0. Raising the segment pair unit's steps in flight from 2 to 3 / 4: 14.2 / 14.5
 // against 13.1 (8 x 512 rows).
+// Session 8 (tools/ab_gemv.py, builds timed in turns in one process; gemv_ab_*_session8.json):
+// - rolling refill (each register slot reloaded with the step U * kWarps ahead as soon as its MMAs
+//   were issued, so U steps stay in flight without a gap between rounds): M = 1 / 4 / 16 11.18 /
+//   11.31 / 11.84 us against 10.71 / 11.05 / 11.75, bmm_fp8 M = 16 9.55 against 8.00 (spills);
+// - the M = 9..16 units with their activation rows staged once in shared memory by bulk copies
+//   (fewer registers: 79 instead of 114, so U could rise to 6-8): M = 16 14.07 against 11.74,
+//   bmm_fp8 M = 16 9.43 against 8.01; every CTA waits for its 64 KB before its first MMA, and
+//   more steps in flight made it slower still. With the rolling refill, the M = 16 pair with 3
+//   steps in flight: 12.03 against 11.84 with 2.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

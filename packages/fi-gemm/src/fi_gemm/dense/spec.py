@@ -145,6 +145,9 @@ GEMV_M16 = 0
 # A/B of its segment unit for N <= 16 (segment_gemm bench option seg=N, FI_GEMV_SEG): 0 = the
 # source's default, 1 = 16-row tiles, 2 = 32-row tiles split over K by a 2-CTA cluster (sm_90).
 GEMV_SEG = 0
+# Any other compile-time switch of gemv.cu for A/B runs (tools/ab_gemv.py): {"ROLL": 0} builds the
+# module with -DFI_GEMV_ROLL=0, under a name that says so.
+GEMV_AB: dict[str, int] = {}
 
 
 @functools.cache
@@ -159,6 +162,9 @@ def gemv_spec(a_dtype: torch.dtype, w_dtype: torch.dtype, out_dtype: torch.dtype
     if GEMV_SEG:
         tuning["FI_GEMV_SEG"] = GEMV_SEG
         suffix += f"_seg{GEMV_SEG}"
+    for key, val in sorted(GEMV_AB.items()):
+        tuning[f"FI_GEMV_{key}"] = val
+        suffix += f"_{key.lower()}{val}"
     return KernelSpec(
         name=f"gemv_{tag(a_dtype)}_{tag(w_dtype)}_{tag(out_dtype)}{suffix}",
         sources=(_HERE / "gemv.cu",),
