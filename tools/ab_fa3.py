@@ -8,7 +8,7 @@ them alike.
 
     python3 tools/ab_fa3.py [--rounds 7] [--cases single8k,single16k,ragged,paged] BUILD ...
 
-Cases (GQA 32/8, bf16, causal unless named full): single4k / single8k / single16k, full4k,
+Cases (GQA 32/8, bf16, causal unless named full): single2k / single4k / single8k / single16k, full4k,
 single4k_d256 (head_dim 256), ragged (16 x 2048), paged (the same batch, page 16, pages in random
 order), paged_seq (page 16, pages in order), paged128 (page 128, random order).
 
@@ -84,7 +84,8 @@ def cases(names, dev):
     bf16 = torch.bfloat16
     for name in names:
         # single4k_d256: head_dim 256
-        singles = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096, "single4k_d256": 4096}
+        singles = {"single2k": 2048, "single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096,
+                   "single4k_d256": 4096}
         if name in singles:
             L = singles[name]
             d = 256 if name.endswith("_d256") else D

@@ -75,6 +75,10 @@ constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x
 // K/V ring depth. d <= 128: 3 stages (Q 32 KB + 3 x (K, V) 32 KB = 224 KB of the 227 KB) so a
 // TMA load (~1 us from L2/HBM, about one KV iteration of both warpgroups) is issued >= 2
 // iterations before its tile is consumed; d = 256 only fits 2.
+// Measured and not kept (session 8, tools/ab_fa3.py, prefill_fa3_ab_session8_two_q.json): two Q
+// buffers (the next tile's Q loads as soon as the producer has issued the current tile's K/V) at
+// the cost of the third stage: x0.998 / 0.995 / 0.986 on single 2k / 4k / 16k, x0.994 on the ragged
+// batch, x0.923 on the paged one.
 constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
