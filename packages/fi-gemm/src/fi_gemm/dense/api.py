@@ -394,7 +394,9 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     bias : torch.Tensor, optional
         [n], same dtype as ``a``; added in fp32 before the final rounding.
     pdl : bool
-        Accepted for FlashInfer compatibility; ignored.
+        Accepted for FlashInfer compatibility and ignored: on sm_90 the weight-streaming kernel
+        (M <= 16) always launches with programmatic dependent launch, which is safe whatever
+        precedes it (it waits for its predecessor before its first global access).
     out : torch.Tensor, optional
         [m, n] of ``out_dtype``, last dimension contiguous.
     out_dtype : torch.dtype

@@ -125,6 +125,13 @@ FI_DEVICE uint4 load_cached(const void* p) { return __ldg(static_cast<const uint
 
 constexpr int kWarps = 8;
 
+// FI_GEMV_PDL (sm_90): launch with programmatic stream serialization, so the grid is set up while
+// its predecessor in the stream finishes; the kernel waits (griddepcontrol.wait) before its first
+// global access and lets its own successor launch once its loads are issued.
+#ifndef FI_GEMV_PDL
+#define FI_GEMV_PDL FI_GEMV_SM90
+#endif
+
 // Everything a launch needs; passed by value (kernel parameter space), no per-call allocation.
 struct GemvParams {
   void* out;
@@ -172,6 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   const int g = lane >> 2;
   const int t = lane & 3;
   const int n = p.n, k = p.k;
+  if (FI_GEMV_PDL) fi::grid_dependency_wait();  // launched early: the inputs are written after this
   int m = p.m;
   const TA* act = static_cast<const TA*>(p.act);
   const TW* w = static_cast<const TW*>(p.w);
@@ -350,6 +358,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
     }
   }
 
+  if (FI_GEMV_PDL) fi::launch_dependents();  // every load issued: the next grid may launch
 #pragma unroll
   for (int r = 0; r < RS; ++r)
 #pragma unroll
@@ -407,24 +416,30 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
 template <int NT, int RS, int U, bool BLOCK, int KS = 1, bool XS = false>
 cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t stream) {
   dim3 grid(unsigned(fi::ceil_div<int64_t>(p.n, 16 * RS) * KS), unsigned(tiles_y), unsigned(l));
-  if constexpr (KS == 1) {
-    gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, 1, XS>
-        <<<grid, kWarps * 32, 0, stream>>>(p);
+  auto* kernel = gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, KS, XS>;
+  if constexpr (!FI_GEMV_SM90) {
+    kernel<<<grid, kWarps * 32, 0, stream>>>(p);
     return cudaGetLastError();
   } else {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(kWarps * 32);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = KS;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (FI_GEMV_PDL) {
+      attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (KS > 1) {
+      attr[na].id = cudaLaunchAttributeClusterDimension;
+      attr[na].val.clusterDim.x = KS;
+      attr[na].val.clusterDim.y = 1;
+      attr[na++].val.clusterDim.z = 1;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(
-        &cfg, gemv_kernel<FI_TA, FI_TW, FI_TD, FI_TBIAS, NT, RS, U, BLOCK, KS, XS>, p);
+    cfg.numAttrs = na;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
   }
 }
 

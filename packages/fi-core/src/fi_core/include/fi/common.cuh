@@ -55,6 +55,23 @@ inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
   return err;
 }
 
+// Programmatic dependent launch (PDL; sm_90+, no-ops below). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled before its predecessor in the
+// stream has finished: it calls grid_dependency_wait() before its first global memory access,
+// which returns once every predecessor grid has completed and its writes are visible. A kernel
+// calls launch_dependents() once its CTAs have issued their last loads, so the next grid's launch
+// work overlaps its tail.
+FI_DEVICE void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+FI_DEVICE void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Number of SMs of the current device, read from the runtime once per device (never a literal).
 inline int sm_count() {
   static int cached[64] = {0};
