@@ -40,6 +40,9 @@
 //   bmm_fp8 M = 16 9.43 against 8.01; every CTA waits for its 64 KB before its first MMA, and
 //   more steps in flight made it slower still. With the rolling refill, the M = 16 pair with 3
 //   steps in flight: 12.03 against 11.84 with 2.
+// - one CTA per SM (up to 255 registers) with twice the rows, so the re-read operand crosses from
+//   L2 half as often: the M = 16 pair over 64 W rows 14.4-15.4 us against 11.23, LoRA 8 x 512 with
+//   64-row tiles 13.1-15.6 against 12.71 (2-4 steps in flight): 8 warps per SM hide too little.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
