@@ -43,6 +43,9 @@
 // - one CTA per SM (up to 255 registers) with twice the rows, so the re-read operand crosses from
 //   L2 half as often: the M = 16 pair over 64 W rows 14.4-15.4 us against 11.23, LoRA 8 x 512 with
 //   64-row tiles 13.1-15.6 against 12.71 (2-4 steps in flight): 8 warps per SM hide too little.
+// - more warps instead: K split over clusters of 3 CTAs at 3 per SM (80 registers) or 4 at 4 per
+//   SM (64): M = 16 17.9-18.3 us against 11.35, LoRA 8 x 512 20.1-23.2 against 12.61. The pair at
+//   2 CTAs per SM stays.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
