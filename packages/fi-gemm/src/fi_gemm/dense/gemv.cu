@@ -49,6 +49,9 @@
 // - a probe without the segment lookup (tiles mapped to rows directly, valid only for equal
 //   segments of a multiple of 32 rows): LoRA 8 x 512 12.92 us against 12.70 with the lookup, so the
 //   lookup's dependent round trip is not what keeps that case behind torch.bmm (11.79).
+// - the CUTLASS sm90 GEMM with A and B swapped (W as the 128-row M side, 16 tokens as N, stream-K
+//   over K): 17.1-17.9 us for M = 16 with 128x16x128 / 128x16x256 / 128x32x128 tiles, against
+//   11.31 for this kernel (probe_swapab_cutlass_session8.txt).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
