@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from ab_common import report, time_in_turns, write_json
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
@@ -176,45 +175,11 @@ def main() -> int:
                 for _ in range(args.calls):
                     fn(hop.run_ragged, hop.run_paged)
             graphs[(name, b)] = g
-    times = {k: [] for k in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    # Clocks ramp up under load: replay everything for a while before the first timed round.
-    t_end = time.time() + args.warmup_s
-    while time.time() < t_end:
-        for g in graphs.values():
-            g.replay()
-        torch.cuda.synchronize()
-    for r in range(args.rounds):
-        order = args.builds if r % 2 == 0 else args.builds[::-1]
-        for name in names:
-            for b in order:
-                g = graphs[(name, b)]
-                g.replay()  # warm
-                start.record()
-                g.replay()
-                end.record()
-                end.synchronize()
-                times[(name, b)].append(start.elapsed_time(end) * 1000 / args.calls)
-    result = {}
-    for name in names:
-        flops = work[name][0]
-        med = {b: statistics.median(times[(name, b)]) for b in args.builds}
-        # Speed-up over the first build: median of the per-round ratios (each pair timed back to
-        # back), steadier than the ratio of the medians.
-        t0 = times[(name, args.builds[0])]
-        paired = {b: statistics.median(a / c for a, c in zip(t0, times[(name, b)])) for b in args.builds}
-        cells = "  ".join(f"[{b}] {med[b]:9.1f} us {flops / med[b] / 1e6:6.1f} TF/s x{paired[b]:.3f}"
-                          for b in args.builds)
-        print(f"{name:10s} {cells}")
-        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)], "paired_speedup": paired[b],
-                            "tflop_s": flops / med[b] / 1e6} for b in args.builds}
-    if args.json:  # the form tools/bench_summary.py renders
-        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-               "command": "python3 tools/ab_fa3.py " + " ".join(sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name(dev), "note": NOTE}
-        Path(args.json).write_text(json.dumps({"routine": f"fa3 A/B (tools/ab_fa3.py): {args.label}",
-                                               "environment": env, "builds": args.builds, "cases": result},
-                                              indent=1))
+    calls = {key: args.calls for key in graphs}
+    times = time_in_turns(graphs, calls, names, args.builds, args.rounds, args.warmup_s)
+    result = report(times, names, args.builds, {n: work[n][0] / 1e6 for n in names}, "tflop_s", "TF/s", 10)
+    if args.json:
+        write_json(args.json, "ab_fa3.py", "fa3", args.label, NOTE, args.builds, result)
     return 0
 
 

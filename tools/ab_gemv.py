@@ -24,13 +24,11 @@ form tools/bench_summary.py renders.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
+
+from ab_common import report, time_in_turns, write_json
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -182,42 +180,10 @@ def main() -> int:
                 for i in range(k):
                     fn(*sets[i % len(sets)])
             graphs[(name, b)], calls[(name, b)] = g, k
-    times = {key: [] for key in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t_end = time.time() + args.warmup_s  # clocks ramp up under load
-    while time.time() < t_end:
-        for g in graphs.values():
-            g.replay()
-        torch.cuda.synchronize()
-    for r in range(args.rounds):
-        order = args.builds if r % 2 == 0 else args.builds[::-1]
-        for name in names:
-            for b in order:
-                g = graphs[(name, b)]
-                g.replay()
-                start.record()
-                g.replay()
-                end.record()
-                end.synchronize()
-                times[(name, b)].append(start.elapsed_time(end) * 1000 / calls[(name, b)])
-    result = {}
-    for name in names:
-        nbytes = work[name][0]
-        med = {b: statistics.median(times[(name, b)]) for b in args.builds}
-        t0 = times[(name, args.builds[0])]
-        paired = {b: statistics.median(a / c for a, c in zip(t0, times[(name, b)])) for b in args.builds}
-        cells = "  ".join(f"[{b}] {med[b]:7.2f} us {nbytes / med[b] / 1e6:5.2f} TB/s x{paired[b]:.3f}"
-                          for b in args.builds)
-        print(f"{name:7s} {cells}")
-        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)], "paired_speedup": paired[b],
-                            "tb_s": nbytes / med[b] / 1e6} for b in args.builds}
-    if args.json:  # the form tools/bench_summary.py renders
-        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-               "command": "python3 tools/ab_gemv.py " + " ".join(sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name(dev), "note": NOTE}
-        Path(args.json).write_text(json.dumps({"routine": f"gemv A/B (tools/ab_gemv.py): {args.label}",
-                                               "environment": env, "builds": args.builds, "cases": result},
-                                              indent=1))
+    times = time_in_turns(graphs, calls, names, args.builds, args.rounds, args.warmup_s)
+    result = report(times, names, args.builds, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7)
+    if args.json:
+        write_json(args.json, "ab_gemv.py", "gemv", args.label, NOTE, args.builds, result)
     return 0
 
 

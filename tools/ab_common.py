@@ -1,0 +1,70 @@
+"""What the interleaved A/B tools (ab_fa3.py, ab_gemv.py) share: timing captured CUDA graphs of
+every (case, build) in turns, the per-case report, and the JSON form tools/bench_summary.py renders.
+
+Separate bench processes drift by several per cent on the lent H200, more than the changes being
+compared; builds replayed in alternating order within one process see the same drift.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def time_in_turns(graphs: dict, calls: dict, names: list, builds: list, rounds: int,
+                  warmup_s: float) -> dict:
+    """Per-call microseconds of every graph (key (case, build); ``calls[key]`` launches per
+    replay) over ``rounds`` rounds, builds in alternating order, after ``warmup_s`` seconds of
+    untimed replays (clocks ramp up under load). Returns {key: [us, ...]}."""
+    times = {key: [] for key in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t_end = time.time() + warmup_s
+    while time.time() < t_end:
+        for g in graphs.values():
+            g.replay()
+        torch.cuda.synchronize()
+    for r in range(rounds):
+        order = builds if r % 2 == 0 else builds[::-1]
+        for name in names:
+            for b in order:
+                g = graphs[(name, b)]
+                g.replay()  # warm
+                start.record()
+                g.replay()
+                end.record()
+                end.synchronize()
+                times[(name, b)].append(start.elapsed_time(end) * 1000 / calls[(name, b)])
+    return times
+
+
+def report(times: dict, names: list, builds: list, rate: dict, rate_key: str, rate_unit: str,
+           width: int) -> dict:
+    """Prints a line per case (each build's median, its rate and its speed-up over the first
+    build: the median over rounds of the per-round ratios, steadier than a ratio of medians) and
+    returns the cases in JSON form. ``rate[name]`` is work per microsecond of time (bytes / 1e6
+    for TB/s, flops / 1e6 for TFLOP/s), stored under ``rate_key``."""
+    result = {}
+    for name in names:
+        med = {b: statistics.median(times[(name, b)]) for b in builds}
+        t0 = times[(name, builds[0])]
+        paired = {b: statistics.median(a / c for a, c in zip(t0, times[(name, b)])) for b in builds}
+        cells = "  ".join(f"[{b}] {med[b]:9.2f} us {rate[name] / med[b]:7.2f} {rate_unit} x{paired[b]:.3f}"
+                          for b in builds)
+        print(f"{name:{width}s} {cells}")
+        result[name] = {b: {"median_us": med[b], "all_us": times[(name, b)], "paired_speedup": paired[b],
+                            rate_key: rate[name] / med[b]} for b in builds}
+    return result
+
+
+def write_json(path: str, tool: str, what: str, label: str, note: str, builds: list, cases: dict) -> None:
+    """The result file: routine "<what> A/B (tools/<tool>): <label>", the command line, the GPU."""
+    env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+           "command": f"python3 tools/{tool} " + " ".join(sys.argv[1:]),
+           "gpu": torch.cuda.get_device_name(), "note": note}
+    Path(path).write_text(json.dumps({"routine": f"{what} A/B (tools/{tool}): {label}", "environment": env,
+                                      "builds": builds, "cases": cases}, indent=1))
