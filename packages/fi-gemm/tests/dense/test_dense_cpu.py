@@ -204,16 +204,16 @@ def test_gemv_ab_switches_name_and_define_the_module(monkeypatch):
     a = Arch.parse("9.0a")
     spec.gemv_spec.cache_clear()
     base = spec.gemv_spec(bf16, bf16, bf16, a)
-    monkeypatch.setattr(spec, "GEMV_AB", {"ROLL": 0, "U16": 3})
+    monkeypatch.setattr(spec, "GEMV_AB", {"PDL": 0, "U8": 4})
     spec.gemv_spec.cache_clear()
     try:
         ab = spec.gemv_spec(bf16, bf16, bf16, a)
     finally:
         monkeypatch.undo()
         spec.gemv_spec.cache_clear()
-    assert ab.name == base.name + "_roll0_u163" and ab.key() != base.key()
-    assert dict(ab.defines)["FI_GEMV_ROLL"] == "0" and dict(ab.defines)["FI_GEMV_U16"] == "3"
-    assert "FI_GEMV_ROLL" not in dict(base.defines)
+    assert ab.name == base.name + "_pdl0_u84" and ab.key() != base.key()
+    assert dict(ab.defines)["FI_GEMV_PDL"] == "0" and dict(ab.defines)["FI_GEMV_U8"] == "4"
+    assert "FI_GEMV_PDL" not in dict(base.defines)
     assert spec.gemv_spec(bf16, bf16, bf16, a).key() == base.key()
 
 

@@ -145,8 +145,8 @@ GEMV_M16 = 0
 # A/B of its segment unit for N <= 16 (segment_gemm bench option seg=N, FI_GEMV_SEG): 0 = the
 # source's default, 1 = 16-row tiles, 2 = 32-row tiles split over K by a 2-CTA cluster (sm_90).
 GEMV_SEG = 0
-# Any other compile-time switch of gemv.cu for A/B runs (tools/ab_gemv.py): {"ROLL": 0} builds the
-# module with -DFI_GEMV_ROLL=0, under a name that says so.
+# Any other compile-time switch of gemv.cu for A/B runs (tools/ab_gemv.py): {"PDL": 0} builds the
+# module with -DFI_GEMV_PDL=0 (plain launches), under a name that says so.
 GEMV_AB: dict[str, int] = {}
 
 
