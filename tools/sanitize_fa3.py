@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""One fa3 prefill call (ragged or paged K/V; 2 requests of 100 / 300 tokens, GQA 4/2, d = 128,
-causal) with inputs made on the CPU and a CPU reference, for compute-sanitizer on the GPU machine.
+"""One fa3 prefill call (ragged or paged K/V; 2 requests of 100 / 300 tokens, GQA 4/2, head_dim
+64, 128 or 256, causal, bf16) with inputs made on the CPU and a CPU reference, for compute-sanitizer
+on the GPU machine.
 
 The GPU tests compare against torch on the GPU, whose cuBLAS kernels drown racecheck's report
 (thousands of hazards in nvjet), and restricting racecheck to our kernel with --kernel-name made the
 sanitizer fail ("Internal Sanitizer Error"). Here no other kernel uses shared memory:
 
-    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged
+    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged [D]
     FI_FA3_CTAS=3 compute-sanitizer ...   # 3 persistent CTAs: every CTA walks several tiles
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_fa3.py paged
 
@@ -20,7 +21,10 @@ from fi_attention.prefill import hopper as hop
 
 torch.manual_seed(0)
 dev = "cuda"
-HQ, HKV, D = 4, 2, 128
+HQ, HKV = 4, 2
+D = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+if D not in (64, 128, 256):
+    raise SystemExit(f"head_dim: expected 64, 128 or 256, found {D}")
 lens = [100, 300]
 bf16 = torch.bfloat16
 
@@ -75,5 +79,5 @@ for n in lens:
     r = ref(q[o:o + n], k[o:o + n], v[o:o + n], True)
     err = max(err, (got[o:o + n] - r).abs().max().item())
     o += n
-print(f"{mode}: max abs err vs CPU reference {err:.3e}")
+print(f"{mode} d={D}: max abs err vs CPU reference {err:.3e}")
 sys.exit(0 if err < 3e-2 else 1)
