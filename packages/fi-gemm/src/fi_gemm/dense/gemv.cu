@@ -125,9 +125,9 @@ FI_FP8_MMA(__nv_fp8_e5m2, __nv_fp8_e5m2, "e5m2", "e5m2")
 // W is read exactly once: bypass L1 and ask L2 to fetch 128 B around each miss (the CTA's warps
 // consume the neighbouring bytes of the row in the same pass).
 // FI_GEMV_PF: bytes L2 fetches around each miss (128, or 256 / 0 for A/B runs). 128 measured
-// faster than 256 on every decode shape (tools/ab_gemv.py, gemv_ab_hints_session8.json: M = 16
-// 11.37 -> 11.17 us, bmm_fp8 M = 16 7.51 -> 7.31, LoRA 8 x 512 12.68 -> 12.11; M = 1 equal), and
-// no prefetch slower (M = 1 11.08). Also measured there and not kept: the re-read activations
+// faster than 256 at M = 4 and 16 and on the fp8 and LoRA 512-row shapes (tools/ab_gemv.py,
+// gemv_ab_hints_session8.json: M = 16 11.37 -> 11.17 us, bmm_fp8 M = 16 7.51 -> 7.31, LoRA 8 x 512
+// 12.68 -> 12.11), equal at M = 1 and on 16-row LoRA segments; no prefetch was slower (M = 1 11.08). Also measured there and not kept: the re-read activations
 // past L1 like W (M = 16 13.04, bmm_fp8 M = 16 9.87), and the M = 16 pair with 3 steps in flight
 // (12.59).
 #ifndef FI_GEMV_PF
