@@ -68,3 +68,14 @@ def write_json(path: str, tool: str, what: str, label: str, note: str, builds: l
            "gpu": torch.cuda.get_device_name(), "note": note}
     Path(path).write_text(json.dumps({"routine": f"{what} A/B (tools/{tool}): {label}", "environment": env,
                                       "builds": builds, "cases": cases}, indent=1))
+
+
+def measure(args, graphs: dict, calls: dict, names: list, rate: dict, rate_key: str, rate_unit: str,
+            width: int, tool: str, what: str, note: str) -> dict:
+    """A tool's whole timing step: the graphs timed in turns (args.rounds, args.warmup_s), the report
+    printed, and with args.json the result file written. Returns the cases in JSON form."""
+    times = time_in_turns(graphs, calls, names, args.builds, args.rounds, args.warmup_s)
+    result = report(times, names, args.builds, rate, rate_key, rate_unit, width)
+    if args.json:
+        write_json(args.json, tool, what, args.label, note, args.builds, result)
+    return result

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import report, time_in_turns, write_json
+from ab_common import measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
@@ -175,11 +175,8 @@ def main() -> int:
                 for _ in range(args.calls):
                     fn(hop.run_ragged, hop.run_paged)
             graphs[(name, b)] = g
-    calls = {key: args.calls for key in graphs}
-    times = time_in_turns(graphs, calls, names, args.builds, args.rounds, args.warmup_s)
-    result = report(times, names, args.builds, {n: work[n][0] / 1e6 for n in names}, "tflop_s", "TF/s", 10)
-    if args.json:
-        write_json(args.json, "ab_fa3.py", "fa3", args.label, NOTE, args.builds, result)
+    measure(args, graphs, {key: args.calls for key in graphs}, names, {n: work[n][0] / 1e6 for n in names},
+            "tflop_s", "TF/s", 10, "ab_fa3.py", "fa3", NOTE)
     return 0
 
 

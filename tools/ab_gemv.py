@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from ab_common import report, time_in_turns, write_json
+from ab_common import measure
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -180,10 +180,8 @@ def main() -> int:
                 for i in range(k):
                     fn(*sets[i % len(sets)])
             graphs[(name, b)], calls[(name, b)] = g, k
-    times = time_in_turns(graphs, calls, names, args.builds, args.rounds, args.warmup_s)
-    result = report(times, names, args.builds, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7)
-    if args.json:
-        write_json(args.json, "ab_gemv.py", "gemv", args.label, NOTE, args.builds, result)
+    measure(args, graphs, calls, names, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7,
+            "ab_gemv.py", "gemv", NOTE)
     return 0
 
 
