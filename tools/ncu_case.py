@@ -4,7 +4,8 @@
     ncu --clock-control none -k regex:decode_mma --launch-skip 3 --launch-count 1 \
         python3 tools/ncu_case.py decode_b128
 
-Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192),
+Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192;
+for the decode cases, DECODE_AB=NAME=N,... in the environment builds -DFI_NAME=N),
 prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
 single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N), segment_lora (segment
@@ -14,6 +15,7 @@ nowhere: the bench routines and GPU tests check these shapes; this script only l
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -21,7 +23,11 @@ import torch
 
 def _decode(batch, kv_len, kv_dtype=torch.bfloat16, hq=32, hkv=8, d=128, page=16):
     from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+    from fi_attention.decode import spec  # noqa: PLC0415
 
+    # DECODE_AB=NAME=N,... in the environment builds the tensor-core kernel with -DFI_NAME=N
+    ab = os.environ.get("DECODE_AB", "")
+    spec.MMA_AB = {"FI_" + k: int(v) for k, v in (item.split("=") for item in ab.split(",") if item)}
     pages = -(-kv_len // page)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)

@@ -278,3 +278,27 @@ def test_tensor_core_variant_per_cache_dtype():
     assert variant(torch.bfloat16) == 0 and variant(torch.float8_e4m3fn) == 3
     assert variant(torch.float8_e5m2) == 3
     assert variant(torch.float8_e4m3fn, override=0) == 0 and variant(torch.bfloat16, override=3) == 3
+
+
+def test_mma_ab_switches_name_and_define_the_module(monkeypatch):
+    """spec.MMA_AB (tools/ab_decode.py) builds another tensor-core module: its own name and a -D
+    per switch, which overrides the per-dtype defaults; the default spec is unchanged after."""
+    from fi_core import Arch
+    from fi_attention.decode import spec
+
+    a = Arch.parse("9.0a")
+    e4m3 = torch.float8_e4m3fn
+    spec.decode_mma_spec.cache_clear()
+    base = spec.decode_mma_spec(torch.bfloat16, e4m3, 128, 4, "NONE", False, a)
+    monkeypatch.setattr(spec, "MMA_AB", {"FI_MMA_STAGES": 2, "FI_MMA_VARIANT": 0})
+    spec.decode_mma_spec.cache_clear()
+    try:
+        ab = spec.decode_mma_spec(torch.bfloat16, e4m3, 128, 4, "NONE", False, a)
+    finally:
+        monkeypatch.undo()
+        spec.decode_mma_spec.cache_clear()
+    defines = dict(ab.defines)
+    assert ab.name == "batch_decode_mma_bf16_e4m3_d128_gh4_p0_c0_mma_stages2_mma_variant0"
+    assert ab.key() != base.key() and defines["FI_MMA_STAGES"] == "2" and defines["FI_MMA_VARIANT"] == "0"
+    assert base.name.endswith("_mma_variant3") and "FI_MMA_STAGES" not in dict(base.defines)
+    assert spec.decode_mma_spec(torch.bfloat16, e4m3, 128, 4, "NONE", False, a).key() == base.key()

@@ -394,7 +394,7 @@ def test_run_after_switching_cache_refreshes_the_arguments():
 # the reference: every KV layout of the ring (16-bit/fp8 x head_dim 64/128, so 256-, 128- and
 # 64-byte rows), 1/4/8 query heads per CTA, soft cap with ALiBi, a window, page sizes 1/5/16,
 # and lengths around the ring's edges (a warp takes 16 tokens per slot, 64 per round of 4 warps;
-# the default ring is 2 slots at bf16 d128 up to 8 at fp8 d64) plus split requests.
+# the default ring is 2 slots at bf16 d128 up to 6 at fp8 d64) plus split requests.
 _BF, _HF, _E4, _E5 = torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
 RING_CASES = [  # (id, q dtype, kv dtype, head_dim, hq, hkv, page size, plan options)
     ("bf16_d128_gh4", _BF, _BF, 128, 32, 8, 16, {}),

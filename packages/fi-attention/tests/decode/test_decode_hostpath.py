@@ -130,6 +130,21 @@ def test_switching_caches_rewrites_the_kv_fields(sim):
     assert got == [ka, ka, kb, ka, kb, kb, ka]
 
 
+def test_cache_strides_past_32_bits_are_refused(sim):
+    # the kernels compute row offsets with 32-bit page and token strides
+    indptr, indices, last = tables([10])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    base = torch.zeros(PS * HKV * D, dtype=BF16)
+    k = base.as_strided((1, PS, HKV, D), (1 << 31, HKV * D, D, 1))  # one page: in bounds
+    v = base.as_strided((1, PS, HKV, D), (PS * HKV * D, HKV * D, D, 1))
+    with pytest.raises(InputError, match="below 2\\^31 elements"):
+        w.run(torch.zeros(1, HQ, D, dtype=BF16), (k, v))
+    assert not sim.launches
+    w.run(torch.zeros(1, HQ, D, dtype=BF16), (v, v))
+    assert len(sim.launches) == 1
+
+
 def test_launch_path_declines_and_the_checked_path_raises(sim):
     indptr, indices, last = tables([300, 40])
     w = sim.wrapper()

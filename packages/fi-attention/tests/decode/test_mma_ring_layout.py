@@ -36,10 +36,13 @@ class Layout:
         return (e // self.vp) * 8 * self.vp + g * self.vp + e % self.vp
 
     def copies(self):
-        """Per instruction, the 32 lanes' (shared offset, (block, row, byte in row)) of one tile."""
-        for i, j, blk in itertools.product(range(2), range(self.row // 64), range(2)):
-            yield [(blk * 16 * self.row + self.ring_off(8 * i + (lane >> 2), 4 * j + (lane & 3)),
-                    (blk, 8 * i + (lane >> 2), (4 * j + (lane & 3)) * 16)) for lane in range(32)]
+        """Per instruction, the 32 lanes' (shared offset, (block, row, byte in row)) of one tile:
+        lane l copies chunk l % CPR of row l // CPR + RPI i (CPR 16-byte chunks per row)."""
+        cpr = self.row // 16
+        rpi = 32 // cpr
+        for i, blk in itertools.product(range(16 // rpi), range(2)):
+            yield [(blk * 16 * self.row + self.ring_off(lane // cpr + rpi * i, lane % cpr),
+                    (blk, lane // cpr + rpi * i, (lane % cpr) * 16)) for lane in range(32)]
 
     def k_reads(self):
         """Per instruction, the lanes' (shared offset, bytes, cache elements expected there)."""
@@ -89,13 +92,13 @@ def test_copies_fill_the_slot_once(esz, d):
     dst = [off for ins in lay.copies() for off, _ in ins]
     assert len(dst) == len(set(dst)) == 32 * lay.row // 16
     assert all(off % 16 == 0 and 0 <= off < 32 * lay.row for off in dst)
-    # each instruction: 8 rows x 64 contiguous bytes of the cache (whole 32-byte sectors)
+    # each instruction covers whole rows (whole 128-byte lines, or 64-byte rows at fp8 d64)
     for ins in lay.copies():
         rows = {}
         for _, (blk, r, b) in ins:
             rows.setdefault((blk, r), []).append(b)
-        assert len(rows) == 8 and all(sorted(bs) == list(range(bs[0] // 64 * 64, bs[0] // 64 * 64 + 64, 16))
-                                      for bs in map(sorted, rows.values()))
+        assert len(rows) == 512 // lay.row
+        assert all(sorted(bs) == list(range(0, lay.row, 16)) for bs in rows.values())
 
 
 @pytest.mark.parametrize("esz,d", CASES)

@@ -277,7 +277,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         dev = self._device
         # the tuning values of spec.py (bench A/B options) are part of the module's identity
         key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
-               _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD)
+               _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD, tuple(sorted(_spec.MMA_AB.items())))
         mk = _MODULE_CACHE.get(key)
         if mk is None:
             spec = select_spec(o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev),
@@ -501,6 +501,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"({self._ps}, {self._hkv}, {self._d})")
         if kv.dtype != self._kv_dtype:
             raise InputTypeError(f"paged_kv_cache must be {self._kv_dtype} (the planned kv_data_type), got {kv.dtype}")
+        if max(*kv.k_strides[:2], *kv.v_strides[:2]) >= 1 << 31:  # the kernels' 32-bit row strides
+            raise InputError(f"paged_kv_cache page/token strides must be below 2^31 elements, got K "
+                             f"{kv.k_strides[:2]} and V {kv.v_strides[:2]}")
         hit = ((kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides), kv.num_pages)
         if key is not None:
             if len(self._kv_seen) >= 256:

@@ -80,19 +80,29 @@ constexpr int VBYTES = VD * int(sizeof(KVT));
 // Shared-memory ring (variant 3). Each warp owns STAGES slots of one tile: 16 K rows then 16 V
 // rows of its kv head (ROW bytes each; 8 KB per bf16 tile at head_dim 128, 4 KB for fp8, which
 // also takes one tile per iteration here: its bytes in flight are in the ring, not in registers).
-// Lane (g, c) copies 16-byte chunks 4j + c of rows g and g + 8 of both blocks, as variant 0 loads
-// K: one page lookup per row serves K and V, and each instruction covers 64 contiguous bytes of 8
-// rows (whole sectors). Once the tile has landed, lanes read variant 0's fragments (K chunks 4j + c
-// of rows g, g + 8: the lane's own copies; V chunks g (+ 8) of rows 2c + {0, 1} (+ 8)), so the MMA
-// code is shared. The default depth fills 64 KB per CTA: 16 KB per warp in flight while it
-// computes, at every head_dim and KV type; 3 CTAs of 65 KB (1 KB is reserved per CTA) fit the
-// 228 KB of an sm_90 SM, sm_80's 164 KB hold 2. The epilogue's merge arrays reuse the ring.
+// Copies: CPR lanes cover one row (lane l copies 16-byte chunk l % CPR of rows l / CPR + RPI i of
+// both blocks; one page lookup per row serves K and V), so each instruction asks L2 for whole
+// 128-byte lines. Copying 64 bytes of 8 rows per instruction instead (variant 0's K pattern) made
+// the fp8 kernel L2-bound: ncu at b128 x kv8192 showed L2 at 93 % of its throughput with DRAM at
+// 79 % (twice the L2 requests per byte); whole lines measured 541.6 against 570.6 us on the H200
+// (decode_ab_fp8_lazy_session9.json; ncu: DRAM 84 %, ncu_decode_fp8_copy1_session9.txt). Once the
+// tile has landed, lanes read variant 0's fragments (K chunks 4j + c of rows g, g + 8; V chunks
+// g (+ 8) of rows 2c + {0, 1} (+ 8)), so the MMA code is shared. The default depth is a 48 KB ring
+// per CTA (3 slots of 4 KB per warp for fp8 at head_dim 128: 538-542 us against 547 for the 64 KB
+// ring and 555 for 96 KB at 2 CTAs per SM, decode_ab_copy_session9.json; 2 slots measured the same,
+// and 4 CTAs per SM at 128 registers no faster, decode_ab_fp8_stages_session9.json); 3 CTAs fit
+// an SM (the launch bound) on sm_90 and sm_80. The epilogue's merge arrays reuse the ring.
 #ifndef FI_MMA_STAGES
-#define FI_MMA_STAGES 0  // 0: the 64 KB ring; N: N slots per warp (a tuning define, mma_stages=N)
+#define FI_MMA_STAGES 0  // 0: the 48 KB ring (at least 2 slots); N: N slots per warp (mma_stages=N)
 #endif
 constexpr int ROW = D * int(sizeof(KVT));
 constexpr int TILE_BYTES = 32 * ROW;
-constexpr int STAGES = FI_MMA_STAGES > 0 ? FI_MMA_STAGES : 64 * 1024 / (NW * TILE_BYTES);
+constexpr int CPR = ROW / 16;       // 16-byte chunks per row
+constexpr int RPI = 32 / CPR;       // rows per copy instruction
+constexpr int CROWS = 16 / RPI;     // rows a lane copies (and looks up) per tile
+static_assert(CPR <= 32 && 16 % RPI == 0, "whole rows per copy instruction");
+constexpr int STAGES_48K = 48 * 1024 / (NW * TILE_BYTES);
+constexpr int STAGES = FI_MMA_STAGES > 0 ? FI_MMA_STAGES : STAGES_48K > 2 ? STAGES_48K : 2;
 static_assert(STAGES >= 1 && STAGES <= 8, "1..8 ring slots per warp");
 static_assert(VARIANT != 3 || TILES == 1, "the ring holds one 16-token tile per slot");
 constexpr int RING_BYTES = NW * STAGES * TILE_BYTES;
@@ -136,7 +146,8 @@ __device__ __forceinline__ int v_dim(int g, int e) { return (e / VP) * 8 * VP + 
 // one parity (their chunk pairs spread over the line). 64-byte rows (fp8, head_dim 64) hold two
 // rows per line: row r goes to slot r ^ r1 so that rows 2k and 2k + 1 share a line (K) and the 4
 // V rows of a phase fall 2 per line half, where the chunk XOR 2 r2 splits the halves' 8-byte
-// slots between them. All cp.async writes follow the K pattern (conflict-free).
+// slots between them. A cp.async phase writes 8 chunks of one row (two rows' 4 at 64 bytes): distinct
+// slots, conflict-free at every row size (tests/decode/test_mma_ring_layout.py checks all of it).
 __device__ __forceinline__ int ring_off(int r, int ch) {
   if constexpr (ROW >= 128) {
     const int swz = (r & 2) | (((r ^ (r >> 2)) & 1) << 2);
@@ -160,6 +171,12 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 }
 
 using Params = fi_attn::DecodeParams<QT, KVT>;
+
+// Element offset of row `of` of page `pg` with 32-bit strides (the launcher rejects larger
+// ones): one widening multiply and a 32-bit multiply-add instead of two 64-bit products.
+__device__ __forceinline__ int64_t row_off(int pg, int of, int64_t sp, int64_t st) {
+  return int64_t(pg) * int(sp) + int64_t(of * int(st));
+}
 
 // BYTES of cache data as raw 32-bit words, loaded with 16-byte (or 8-byte) streaming loads. The
 // 16-byte pieces of a lane's slice are `stride` elements apart (see the sector layout below).
@@ -249,19 +266,24 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 extern __shared__ __align__(128) uint8_t ring_smem[];
 
 struct WarpRing {
-  const KVT* kc;  // lane (g, c)'s chunk c of the kv head's K and V rows
+  const KVT* kc;  // the lane's first chunk of the kv head's K and V rows
   const KVT* vc;
   uint32_t base;  // shared address of the warp's slot 0
   int page_lo, hi, g, c, slot = 0;
+  int r0, ch;     // the lane's first copied row and its chunk
 
   // Starts tiles 0..STAGES-1, one group each: a tile past `hi` commits an empty group, so every
   // lane commits the same groups and the wait counts hold at the tail.
   __device__ __forceinline__ WarpRing(const Params& p, int kvh, int page_lo_, int lo, int hi_, int warp, int g_,
                                       int c_)
-      : kc(p.k + kvh * p.k_sh + c_ * PE), vc(p.v + kvh * p.v_sh + c_ * PE),
-        base(static_cast<uint32_t>(__cvta_generic_to_shared(ring_smem)) + warp * (STAGES * TILE_BYTES)),
+      : base(static_cast<uint32_t>(__cvta_generic_to_shared(ring_smem)) + warp * (STAGES * TILE_BYTES)),
         page_lo(page_lo_), hi(hi_), g(g_), c(c_) {
-    int pg[STAGES][2], of[STAGES][2];
+    const int lane = 4 * g_ + c_;
+    r0 = lane / CPR;
+    ch = lane % CPR;
+    kc = p.k + kvh * p.k_sh + ch * PE;
+    vc = p.v + kvh * p.v_sh + ch * PE;
+    int pg[STAGES][CROWS], of[STAGES][CROWS];
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {  // every page lookup first: their loads overlap
       const int b = lo + 16 * (warp + NW * s);
@@ -274,25 +296,25 @@ struct WarpRing {
     }
   }
 
-  // Pages of rows g and g + 8 of the tile at tb; rows past `hi` copy row hi - 1 (their scores
+  // Row i of the lane's copied rows.
+  __device__ __forceinline__ int crow(int i) const { return r0 + RPI * i; }
+
+  // Pages of the lane's rows of the tile at tb; rows past `hi` copy row hi - 1 (their scores
   // are masked, as in variant 0).
-  __device__ __forceinline__ void lookup(const Params& p, int tb, int (&pg)[2], int (&of)[2]) const {
+  __device__ __forceinline__ void lookup(const Params& p, int tb, int (&pg)[CROWS], int (&of)[CROWS]) const {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) pg[i] = int(fi_attn::page_of(p, page_lo, min(tb + 8 * i + g, hi - 1), of[i]));
+    for (int i = 0; i < CROWS; ++i) pg[i] = int(fi_attn::page_of(p, page_lo, min(tb + crow(i), hi - 1), of[i]));
   }
 
-  // Chunks 4j + c of the K and V rows g, g + 8 into the slot at shared address st.
-  __device__ __forceinline__ void copy(const Params& p, uint32_t st, const int (&pg)[2], const int (&of)[2]) const {
+  // The lane's chunks of its K and V rows into the slot at shared address st.
+  __device__ __forceinline__ void copy(const Params& p, uint32_t st, const int (&pg)[CROWS], const int (&of)[CROWS]) const {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const KVT* ks = kc + int64_t(pg[i]) * p.k_sp + of[i] * p.k_st;
-      const KVT* vs = vc + int64_t(pg[i]) * p.v_sp + of[i] * p.v_st;
-#pragma unroll
-      for (int j = 0; j < ROW / 64; ++j) {
-        const uint32_t dst = st + ring_off(8 * i + g, 4 * j + c);
-        fi::cp_async_16(dst, ks + j * 4 * PE);
-        fi::cp_async_16(dst + 16 * ROW, vs + j * 4 * PE);
-      }
+    for (int i = 0; i < CROWS; ++i) {
+      const KVT* ks = kc + row_off(pg[i], of[i], p.k_sp, p.k_st);
+      const KVT* vs = vc + row_off(pg[i], of[i], p.v_sp, p.v_st);
+      const uint32_t dst = st + ring_off(crow(i), ch);
+      fi::cp_async_16(dst, ks);
+      fi::cp_async_16(dst + 16 * ROW, vs);
     }
   }
 
@@ -301,7 +323,7 @@ struct WarpRing {
   // computes. The refill's page lookups are issued first: they load during the wait.
   __device__ __forceinline__ void next(const Params& p, int tb, Raw<KBYTES> (&rk)[2], Raw<VBYTES> (&rv)[4]) {
     const int nb = tb + STAGES * NW * 16;
-    int pg[2] = {0, 0}, of[2] = {0, 0};
+    int pg[CROWS] = {}, of[CROWS] = {};
     if (nb < hi) lookup(p, nb, pg, of);
     fi::cp_async_wait<STAGES - 1>();  // this lane's copies of tile n (group n) have landed
     __syncwarp();                     // ... and every lane's are visible to the whole warp
@@ -475,6 +497,9 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
       for (int k = 0; k < 4; ++k) pr[k] = fi::exp2_approx(x[k] - mx);
       l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
       // Columns 2c, 2c+1 of O^T are heads 2c, 2c+1: their corrections live in S rows 2c, 2c+1.
+      // Skipping this rescale in tiles where no running max grew (a warp vote), or keeping a
+      // stale max until it grows by 2^8, measured no faster on fp8 (1.052 / 1.046 against 1.053
+      // relative to the old ring, decode_ab_fp8_lazy_session9.json).
       const float corr0 = __shfl_sync(fi::kFullMask, corr, 8 * c);
       const float corr1 = __shfl_sync(fi::kFullMask, corr, 8 * c + 4);
 #pragma unroll
@@ -532,6 +557,10 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 }  // namespace
 
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
+  constexpr int64_t kMax32 = (int64_t(1) << 31) - 1;  // row_off's 32-bit strides (Python checks too)
+  if (a->k_stride_page > kMax32 || a->k_stride_tok > kMax32 || a->v_stride_page > kMax32 ||
+      a->v_stride_tok > kMax32)
+    return int(cudaErrorInvalidValue);
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);

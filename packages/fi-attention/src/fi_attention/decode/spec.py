@@ -23,9 +23,13 @@ MMA_VARIANT = None
 MMA_STAGES = 0
 # FI_PAGE_AHEAD of the register-tile variant (bench option page_ahead=0|1); None = the source's 1.
 PAGE_AHEAD = None
+# Extra -D switches of the tensor-core kernel ({"FI_NAME": value}), for A/B builds of
+# tools/ab_decode.py only; empty in normal use.
+MMA_AB: dict = {}
 # Measured on the H200 (GQA 32/8, b128 x kv8192, 2026-11-30): fp8 e4m3 KV 547.9 us with the shared-
 # memory ring (variant 3) against 638.2 us with register tiles (variant 0); bf16 KV 1105.8 us against
-# 1002.5 us, so 16-bit caches keep variant 0.
+# 1002.5 us, so 16-bit caches keep variant 0. Session 9, with whole-line ring copies (decode_mma.cu):
+# bf16 on the ring 1020.4 us against 983.4 for variant 0 in the same run (decode_ab_copy_session9.json).
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -102,6 +106,7 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
         extra["FI_MMA_STAGES"] = MMA_STAGES
     if PAGE_AHEAD is not None:
         extra["FI_PAGE_AHEAD"] = int(PAGE_AHEAD)
+    extra.update(MMA_AB)
     return _decode_module("batch_decode_mma", "decode_mma.cu", q_dtype, kv_dtype, head_dim, gh,
                           pos_encoding_mode, soft_cap, arch, extra or None)
 

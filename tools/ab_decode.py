@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Interleaved A/B timing of batch decode variants in one process on the GPU.
+
+Every variant is planned on its own CUDA-graph wrapper over the same paged cache, and the variants
+are timed in turns (tools/ab_common.py), so clock and power drift hit them alike.
+
+    python3 tools/ab_decode.py [--rounds 9] [--cases b1,b16,b64,b128,fp8] BUILD ...
+
+Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
+32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), fp8 (128 x 8192, e4m3 cache),
+b2 (2 x 4096): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md, plus one short split.
+
+BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
+with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3.
+``--build-only`` compiles the modules the builds need for sm_90a and exits (a kernel cache that
+travels to the GPU machine). Every build's output must match the first build's, and the first
+build's output the reference on a few requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ab_common import measure
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16": (16, 8192, torch.bfloat16),
+         "b64": (64, 4096, torch.bfloat16), "b128": (128, 8192, torch.bfloat16),
+         "fp8": (128, 8192, torch.float8_e4m3fn)}
+NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "
+        "paired_speedup = median over rounds of t(first build) / t(build)")
+
+
+def parse_build(text: str) -> dict:
+    if text == "0":
+        return {}
+    out = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not (name.isupper() and value.lstrip("-").isdigit()):
+            raise SystemExit(f"bad switch {item!r}: NAME=N (upper case name, builds with -DFI_NAME=N)")
+        out[f"FI_{name}"] = int(value)
+    return out
+
+
+class use_build:
+    """Sets a build's switches for the plan() calls inside the block."""
+
+    def __init__(self, sw: dict):
+        self.sw = sw
+
+    def __enter__(self):
+        from fi_attention.decode import spec  # noqa: PLC0415
+
+        self.saved = spec.MMA_AB
+        spec.MMA_AB = dict(self.sw)
+        spec.decode_mma_spec.cache_clear()
+
+    def __exit__(self, *exc):
+        from fi_attention.decode import spec  # noqa: PLC0415
+
+        spec.MMA_AB = self.saved
+        spec.decode_mma_spec.cache_clear()
+
+
+def tables(batch: int, kv_len: int):
+    pages = -(-kv_len // PAGE)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
+    return indptr, indices, last
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--cases", default="b1,b16,b64,b128,fp8")
+    ap.add_argument("--warmup-s", type=float, default=2.0, help="seconds of untimed replays first")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
+    args = ap.parse_args()
+    builds = {b: parse_build(b) for b in args.builds}
+    names = args.cases.split(",")
+    for n in names:
+        if n not in CASES:
+            raise SystemExit(f"unknown case {n!r}; cases: {','.join(CASES)}")
+
+    from fi_core import testing  # noqa: PLC0415
+    from fi_attention import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+    from fi_attention.reference import attention_reference, gather_paged_kv  # noqa: PLC0415
+
+    if args.build_only:
+        from fi_core import Arch  # noqa: PLC0415
+        from fi_core.jit import build_many  # noqa: PLC0415
+        from fi_attention.decode.spec import select_spec  # noqa: PLC0415
+
+        specs = {}
+        for sw in builds.values():
+            with use_build(sw):
+                for n in names:
+                    s = select_spec(torch.bfloat16, CASES[n][2], D, HQ // HKV, "NONE", False, Arch.parse("9.0a"),
+                                    "auto")
+                    specs[s.name] = s
+        build_many(list(specs.values()))
+        print(f"built {len(specs)} modules: {' '.join(specs)}")
+        return 0
+
+    dev = torch.device("cuda")
+    graphs, calls, refs, keep = {}, {}, {}, []
+    rate = {}
+    for n in names:
+        batch, kv_len, kv_dtype = CASES[n]
+        indptr, indices, last = tables(batch, kv_len)
+        g = torch.Generator(device=dev).manual_seed(1)
+        cache = torch.randn(indices.numel(), 2, PAGE, HKV, D, device=dev, generator=g).to(kv_dtype)
+        q = torch.randn(batch, HQ, D, device=dev, generator=g).to(torch.bfloat16)
+        scales = dict(k_scale=0.8, v_scale=1.25) if kv_dtype != torch.bfloat16 else {}
+        rate[n] = (batch * kv_len * HKV * D * 2 * cache.element_size()) / 1e6
+        for b, sw in builds.items():
+            w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+                torch.empty(128 << 20, dtype=torch.uint8, device=dev), indptr.to(dev), indices.to(dev),
+                last.to(dev))
+            with use_build(sw):
+                w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+            out = torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=dev)
+            w.run(q, cache, out=out, **scales)
+            torch.cuda.synchronize()
+            if n in refs:  # every build must agree with the first
+                testing.assert_close(out, refs[n], dtype=torch.bfloat16, msg=f"{n} build {b}: ")
+            else:
+                for r in sorted({0, batch - 1}):
+                    k, v = gather_paged_kv(cache, indptr, indices, last, r)
+                    ref = attention_reference(q[r:r + 1], k, v, **scales)
+                    testing.assert_close(out[r:r + 1], ref, dtype=torch.bfloat16, msg=f"{n} request {r}: ")
+                refs[n] = out.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(5):
+                    w.run(q, cache, out=out, **scales)
+            graphs[(n, b)], calls[(n, b)] = graph, 5
+            keep.append((w, out))
+            print(f"{n} [{b}]: kernel {w._kernel_name}, {w._plan.num_items} items, split {w._plan.split}",
+                  flush=True)
+        keep.append((cache, q))
+    measure(args, graphs, calls, names, rate, "tb_s", "TB/s", 5, "ab_decode.py", "batch decode", NOTE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
