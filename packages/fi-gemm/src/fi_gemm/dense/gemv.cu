@@ -52,6 +52,10 @@
 // - the CUTLASS sm90 GEMM with A and B swapped (W as the 128-row M side, 16 tokens as N, stream-K
 //   over K): 17.1-17.9 us for M = 16 with 128x16x128 / 128x16x256 / 128x32x128 tiles, against
 //   11.31 for this kernel (probe_swapab_cutlass_session8.txt).
+// Session 9: each CTA asking L2 for all its streamed bytes at the start (cp.async.bulk.prefetch.L2,
+// one per streamed row or per 4 KB), so HBM would not wait on the registers in flight: M = 1 / 16
+// 13.13 / 14.90 us against 10.25 / 11.13, LoRA 8 x 512 15.95 against 12.03, bmm_fp8 M = 16 8.36
+// against 7.25 (gemv_ab_bulkpf_session9.json); only the 16-row LoRA segments gained (6.41 / 6.61).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
