@@ -7,6 +7,7 @@ compared; builds replayed in alternating order within one process see the same d
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -14,6 +15,20 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float) -> argparse.ArgumentParser:
+    """The options every A/B tool takes: the builds, --rounds, --cases, --warmup-s, --build-only,
+    --json and --label, with the tool's defaults."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--cases", default=cases)
+    ap.add_argument("--warmup-s", type=float, default=warmup_s, help="seconds of untimed replays first")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
+    return ap
 
 
 def time_in_turns(graphs: dict, calls: dict, names: list, builds: list, rounds: int,

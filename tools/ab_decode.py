@@ -19,12 +19,11 @@ build's output the reference on a few requests.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from ab_common import measure
+from ab_common import arg_parser, measure
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16": (16, 8192, torch.bfloat16),
@@ -75,15 +74,7 @@ def tables(batch: int, kv_len: int):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--cases", default="b1,b16,b64,b128,fp8")
-    ap.add_argument("--warmup-s", type=float, default=2.0, help="seconds of untimed replays first")
-    ap.add_argument("--build-only", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
-    args = ap.parse_args()
+    args = arg_parser(__doc__, rounds=9, cases="b1,b16,b64,b128,fp8", warmup_s=2.0).parse_args()
     builds = {b: parse_build(b) for b in args.builds}
     names = args.cases.split(",")
     for n in names:

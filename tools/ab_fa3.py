@@ -22,7 +22,6 @@ tools/bench_summary.py renders (``--label`` says what the builds are).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import measure
+from ab_common import arg_parser, measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
@@ -131,15 +130,8 @@ def cases(names, dev):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap = arg_parser(__doc__, rounds=7, cases="single8k,single16k,full4k,ragged,paged", warmup_s=3.0)
     ap.add_argument("--calls", type=int, default=5, help="launches per graph replay")
-    ap.add_argument("--cases", default="single8k,single16k,full4k,ragged,paged")
-    ap.add_argument("--warmup-s", type=float, default=3.0, help="seconds of untimed replays first")
-    ap.add_argument("--build-only", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
     args = ap.parse_args()
 
     from fi_core import Arch  # noqa: PLC0415

@@ -23,12 +23,11 @@ form tools/bench_summary.py renders.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from ab_common import measure
+from ab_common import arg_parser, measure
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -128,15 +127,7 @@ def make_cases(names: list[str], dev):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--cases", default=ALL_CASES)
-    ap.add_argument("--warmup-s", type=float, default=2.0, help="seconds of untimed replays first")
-    ap.add_argument("--build-only", action="store_true")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
-    args = ap.parse_args()
+    args = arg_parser(__doc__, rounds=9, cases=ALL_CASES, warmup_s=2.0).parse_args()
     builds = {b: parse_build(b) for b in args.builds}
     names = args.cases.split(",")
 
