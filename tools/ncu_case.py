@@ -9,7 +9,8 @@ for the decode cases, DECODE_AB=NAME=N,... in the environment builds -DFI_NAME=N
 prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
 single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N), segment_lora (segment
-GEMM, 8 segments x 512 rows, 4096 -> 16), gemv_m16 (mm_bf16 M=16, N=K=4096). Each call is checked
+GEMM, 8 segments x 512 rows, 4096 -> 16), gemv_m16 (mm_bf16 M=16, N=K=4096), sdpa_b128 (torch SDPA on
+decode b128's contiguous K/V), stream_read (torch sum over 4.3 GB: the read ceiling). Each call is checked
 nowhere: the bench routines and GPU tests check these shapes; this script only launches them.
 """
 
@@ -101,6 +102,22 @@ def _gemv_m16(m=16, n=4096, k=4096):
     return lambda: mm_bf16(a, w.T)
 
 
+def _sdpa_b128(batch=128, kv_len=8192, hq=32, hkv=8, d=128):
+    """The decode bench's baseline: torch SDPA on contiguous K/V (batch decode's bytes, no pages)."""
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, hkv, kv_len, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, hkv, kv_len, d, device="cuda", dtype=torch.bfloat16)
+    return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _stream_read(gbytes=4.3):
+    """A plain read of decode b128's byte count (torch's sum reduction): the GPU's read ceiling."""
+    x = torch.randn(int(gbytes * 2**30 / 2), device="cuda", dtype=torch.bfloat16)
+    return lambda: x.sum(dtype=torch.float32)
+
+
 CASES = {
     "decode_b128": lambda: _decode(128, 8192),
     "decode_b1": lambda: _decode(1, 32768),
@@ -111,6 +128,8 @@ CASES = {
     "prefill_causal": lambda: _prefill_single(8192, causal=True),
     "segment_lora": _segment_lora,
     "gemv_m16": _gemv_m16,
+    "sdpa_b128": _sdpa_b128,
+    "stream_read": _stream_read,
 }
 
 
