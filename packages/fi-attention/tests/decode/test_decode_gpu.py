@@ -255,6 +255,24 @@ def test_single_decode_options_and_fp8():
     testing.assert_close(o, ro[0], dtype=torch.float16)
 
 
+def test_single_decode_fp8_past_2g_elements_of_one_page():
+    # single decode puts the request in one page: at 2^21 + 37 tokens of 8 x 128 fp8 the in-page
+    # offset of the last rows (token x token stride) passes 2^31 elements, which the fp8 ring's
+    # 64-bit row offsets must carry
+    n = (1 << 21) + 37
+    q = testing.randn((32, 128), torch.bfloat16, DEV, seed=4)
+    k = torch.empty(n, 8, 128, device=DEV).normal_(generator=torch.Generator(DEV).manual_seed(5)).to(torch.float8_e4m3fn)
+    v = torch.empty(n, 8, 128, device=DEV).normal_(generator=torch.Generator(DEV).manual_seed(6)).to(torch.float8_e4m3fn)
+    # the last rows decide the check: give the final 64 tokens the largest scores
+    k[-64:] = (q.view(8, 4, 128).mean(1) * 4).to(torch.float8_e4m3fn)
+    o = single_decode_with_kv_cache(q, k, v, k_scale=0.5, v_scale=2.0)
+    ro = torch.empty(32, 128, device=DEV)  # per kv head in fp32 (the reference's GQA expansion would take ~85 GB)
+    for h in range(8):
+        s = (q[4 * h: 4 * h + 4].float() @ k[:, h].float().T) * (0.5 / 128 ** 0.5)
+        ro[4 * h: 4 * h + 4] = torch.softmax(s, dim=-1) @ (v[:, h].float() * 2.0)
+    testing.assert_close(o, ro, dtype=torch.bfloat16)
+
+
 def _graph_tables(lens, ps, max_pages, seed):
     pages = [-(-n // ps) for n in lens]
     perm = torch.randperm(max_pages, generator=torch.Generator().manual_seed(seed))[: sum(pages)]

@@ -173,9 +173,10 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 using Params = fi_attn::DecodeParams<QT, KVT>;
 
 // Element offset of row `of` of page `pg` with 32-bit strides (the launcher rejects larger
-// ones): one widening multiply and a 32-bit multiply-add instead of two 64-bit products.
+// ones): two widening 32 x 32 -> 64-bit multiplies instead of two 64-bit products. `of` can be
+// large (single decode puts a whole request in one page), so its product stays 64-bit too.
 __device__ __forceinline__ int64_t row_off(int pg, int of, int64_t sp, int64_t st) {
-  return int64_t(pg) * int(sp) + int64_t(of * int(st));
+  return int64_t(pg) * int(sp) + int64_t(of) * int(st);
 }
 
 // BYTES of cache data as raw 32-bit words, loaded with 16-byte (or 8-byte) streaming loads. The
@@ -328,8 +329,8 @@ struct WarpRing {
 #pragma unroll
       for (int i = 0; i < CROWS; ++i) {
         const uint32_t dst = st + ring_off(crow(i), ch);
-        fi::cp_async_16(dst, ks + RPI * i * int(p.k_st));
-        fi::cp_async_16(dst + 16 * ROW, vs + RPI * i * int(p.v_st));
+        fi::cp_async_16(dst, ks + int64_t(RPI * i) * int(p.k_st));
+        fi::cp_async_16(dst + 16 * ROW, vs + int64_t(RPI * i) * int(p.v_st));
       }
       return;
     }
@@ -523,7 +524,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
       l = l * corr + (pr[0] + pr[1]) + (pr[2] + pr[3]);
       // Columns 2c, 2c+1 of O^T are heads 2c, 2c+1: their corrections live in S rows 2c, 2c+1.
       // Skipping this rescale in tiles where no running max grew (a warp vote), or keeping a
-      // stale max until it grows by 2^8, measured no faster on fp8 (1.052 / 1.046 against 1.053
+      // stale max until it grows by 2^8, measured no faster on fp8 (1.046 / 1.052 against 1.053
       // relative to the old ring, decode_ab_fp8_lazy_session9.json).
       const float corr0 = __shfl_sync(fi::kFullMask, corr, 8 * c);
       const float corr1 = __shfl_sync(fi::kFullMask, corr, 8 * c + 4);
