@@ -51,26 +51,10 @@ __device__ __forceinline__ float rope_angle(const Params& p, int i, int pos) {
 }
 
 __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
-  // 1-D grid, the item's (kv head, head subgroup) units adjacent: in CUDA-graph mode the grid
-  // covers the capacity and the idle items past num_work come last, after all real work.
-  const int nunits = (p.hq / p.group) * p.nsub;
-  const int item = int(blockIdx.x) / nunits;
-  const int unit = int(blockIdx.x) - item * nunits;
-  // The work item is read before the num_work test (both loads in flight at once, not one after
-  // the other): the work buffer holds the whole grid's items, idle ones included.
-  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
-  if (item >= *p.num_work) return;  // CUDA-graph mode launches the capacity
-  const int kvh = unit / p.nsub;
-  const int qh0 = kvh * p.group + (unit % p.nsub) * GH;
-  const int req = w.x, part = w.w;
-
-  const int page_lo = p.indptr[req];
-  const int npages = p.indptr[req + 1] - page_lo;
-  const int kv_len = npages > 0 ? (npages - 1) * p.page_size + p.last_len[req] : 0;
-  const int qpos = kv_len - 1;
-  int lo = w.y;
-  if (p.window_left >= 0) lo = max(lo, qpos - p.window_left);
-  const int hi = min(w.z, kv_len);
+  fi_attn::DecodeWork wk;
+  if (!fi_attn::decode_work<GH>(p, wk)) return;  // CUDA-graph mode launches the capacity
+  const int kvh = wk.kvh, qh0 = wk.qh0, req = wk.req, part = wk.part;
+  const int page_lo = wk.page_lo, qpos = wk.qpos, lo = wk.lo, hi = wk.hi;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tx = lane % TX, gr = warp * RG + lane / TX;
@@ -216,21 +200,9 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
 
 FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
-  if (a->grid_items > 0) {
-    const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    decode_kernel<<<grid, NW * 32, 0, stream>>>(p);
-    FI_TRY(cudaGetLastError());
-  }
-  if (a->merge_batch > 0) {
-    const cudaError_t err = fi_attn::launch_merge_partials<QT, D>(
-        p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch),
-        p.hq, p.out, p.o_sb, p.o_sh, p.lse, stream);
-    FI_TRY(err);
-  }
-  return FI_LAUNCH_STATUS();
+  return fi_attn::launch_batch_decode<QT, D>(a, p, decode_kernel, NW * 32, 0, stream);
 }
 
-// Resident CTAs per SM of the decode kernel: the planner sizes split-KV chunks with it.
 FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
-  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, decode_kernel, NW * 32, 0));
+  return fi_attn::batch_decode_occupancy(blocks_per_sm, decode_kernel, NW * 32, 0);
 }
