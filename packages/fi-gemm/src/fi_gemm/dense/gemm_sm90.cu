@@ -25,6 +25,7 @@
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 
 #include "fi/common.cuh"
+#include "../sm90_launch.cuh"
 #include "../sm90_tile_order.cuh"
 
 using namespace cute;
@@ -158,17 +159,6 @@ FI_EXPORT int fi_gemm_sm90(void* d, const void* a, const void* b, const void* bi
                            int64_t bsa, int64_t bsb, int64_t bsd, void* workspace,
                            int64_t workspace_bytes, cudaStream_t stream) {
   if (m == 0 || n == 0 || l == 0) return 0;
-  auto args = make_args(d, a, b, bias, scale_a, scale_b, m, n, k, l, lda, ldb, ldd, bsa, bsb, bsd);
-  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return (int)cudaErrorNotSupported;
-  size_t need = Gemm::get_workspace_size(args);
-  if (need > static_cast<size_t>(workspace_bytes)) return (int)cudaErrorInvalidValue;
-  if (GemmKernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess)
-    return (int)cudaErrorUnknown;
-  typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
-  FI_TRY(fi::set_max_dynamic_smem(cutlass::device_kernel<GemmKernel>, int(GemmKernel::SharedStorageSize)));
-  if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
-    cudaError_t e = cudaGetLastError();
-    return e != cudaSuccess ? (int)e : (int)cudaErrorLaunchFailure;
-  }
-  return FI_LAUNCH_STATUS();
+  const auto args = make_args(d, a, b, bias, scale_a, scale_b, m, n, k, l, lda, ldb, ldd, bsa, bsb, bsd);
+  return fi_gemm::run_unit<Gemm>(args, workspace, workspace_bytes, stream);
 }
