@@ -189,7 +189,7 @@ __device__ __forceinline__ void store_merged(const P& p, const float (&sm_o)[ROW
 // in CUDA-graph mode it covers the capacity and the idle items past num_work come last, after all
 // real work. [lo, hi) is the CTA's token range after the sliding window; qpos the query position.
 struct DecodeWork {
-  int unit, kvh, qh0, req, part, page_lo, kv_len, qpos, lo, hi;
+  int kvh, qh0, req, part, page_lo, qpos, lo, hi;
 };
 
 // Fills `d` for this CTA; false for an idle item (CUDA-graph capacity past num_work). The work item
@@ -199,20 +199,20 @@ template <int GH, typename P>
 __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d) {
   const int nunits = (p.hq / p.group) * p.nsub;
   const int item = int(blockIdx.x) / nunits;
-  d.unit = int(blockIdx.x) - item * nunits;
+  const int unit = int(blockIdx.x) - item * nunits;
   const int4 w = reinterpret_cast<const int4*>(p.work)[item];
   if (item >= *p.num_work) return false;
-  d.kvh = d.unit / p.nsub;
-  d.qh0 = d.kvh * p.group + (d.unit % p.nsub) * GH;
+  d.kvh = unit / p.nsub;
+  d.qh0 = d.kvh * p.group + (unit % p.nsub) * GH;
   d.req = w.x;
   d.part = w.w;
   d.page_lo = p.indptr[d.req];
   const int npages = p.indptr[d.req + 1] - d.page_lo;
-  d.kv_len = npages > 0 ? (npages - 1) * p.page_size + p.last_len[d.req] : 0;
-  d.qpos = d.kv_len - 1;
+  const int kv_len = npages > 0 ? (npages - 1) * p.page_size + p.last_len[d.req] : 0;
+  d.qpos = kv_len - 1;
   d.lo = w.y;
   if (p.window_left >= 0) d.lo = max(d.lo, d.qpos - p.window_left);
-  d.hi = min(w.z, d.kv_len);
+  d.hi = min(w.z, kv_len);
   return true;
 }
 
@@ -325,38 +325,6 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   if (lse != nullptr && lane == 0) lse[int64_t(b) * hq + h] = sum > 0.f ? mx + __log2f(sum) : fi::kNegInf;
 }
 
-template <typename QT, int D>
-inline cudaError_t launch_merge_partials(const float* part_o, const float* part_lse, const int* indptr,
-                                         int batch, int hq, QT* out, int64_t o_sb, int64_t o_sh,
-                                         float* lse, cudaStream_t stream);
-
-// fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
-// kernel when the plan split a request (merge_batch > 0).
-template <typename QT, int D, typename Kernel, typename P>
-inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
-                               cudaStream_t stream) {
-  if (a->grid_items > 0) {
-    const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
-    kernel<<<grid, threads, smem, stream>>>(p);
-    FI_TRY(cudaGetLastError());
-  }
-  if (a->merge_batch > 0) {
-    const cudaError_t err = launch_merge_partials<QT, D>(
-        p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch), p.hq,
-        p.out, p.o_sb, p.o_sh, p.lse, stream);
-    FI_TRY(err);
-  }
-  return FI_LAUNCH_STATUS();
-}
-
-// Resident CTAs per SM of a decode kernel: the planner sizes split-KV chunks with it.
-template <typename Kernel>
-inline int batch_decode_occupancy(int* blocks_per_sm, Kernel kernel, int threads, int smem) {
-  FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
-  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, smem));
-}
-
 // The merge is launched with programmatic stream serialization (PDL, SM90+): its grid is set up
 // while the decode kernel's last CTAs run instead of after it drains. The decode CTAs signal
 // after their main loop; the merge waits (griddepcontrol.wait) for the whole decode grid to
@@ -389,6 +357,33 @@ inline cudaError_t launch_merge_partials(const float* part_o, const float* part_
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, merge_partials_kernel<OT, D>, part_o, part_lse, indptr, hq, out,
                             o_sb, o_sh, lse);
+}
+
+// fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
+// kernel when the plan split a request (merge_batch > 0).
+template <typename QT, int D, typename Kernel, typename P>
+inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
+                               cudaStream_t stream) {
+  if (a->grid_items > 0) {
+    const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
+    FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
+    kernel<<<grid, threads, smem, stream>>>(p);
+    FI_TRY(cudaGetLastError());
+  }
+  if (a->merge_batch > 0) {
+    const cudaError_t err = launch_merge_partials<QT, D>(
+        p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch), p.hq,
+        p.out, p.o_sb, p.o_sh, p.lse, stream);
+    FI_TRY(err);
+  }
+  return FI_LAUNCH_STATUS();
+}
+
+// Resident CTAs per SM of a decode kernel: the planner sizes split-KV chunks with it.
+template <typename Kernel>
+inline int batch_decode_occupancy(int* blocks_per_sm, Kernel kernel, int threads, int smem) {
+  FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
+  return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, smem));
 }
 
 }  // namespace fi_attn
