@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
     }
   }
 
-  fi_attn::launch_dependents();  // no more K/V to stream: the merge grid may start launching
+  fi::launch_dependents();  // no more K/V to stream: the merge grid may start launching
   // Merge the ROWS softmax states of the CTA through shared memory.
   __shared__ __align__(16) float sm_o[ROWS][GH][D];
   __shared__ float sm_m[ROWS][GH], sm_l[ROWS][GH];

@@ -135,21 +135,6 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   return p;
 }
 
-// Programmatic dependent launch (SM90+; no-ops elsewhere). A kernel launched with the PDL
-// attribute may start before its predecessor in the stream finishes: it must call
-// grid_dependency_wait() before touching anything the predecessor writes. The predecessor calls
-// launch_dependents() once its CTA needs no more SM room for real work.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // End of both decode kernels: combine the CTA's ROWS partial softmax states of each of its GH query
 // heads (o, running max m, sum l, exchanged through shared memory by the caller) and write the
 // normalised output and base-2 LSE, or the partial state of a split item (part >= 0). Every thread
@@ -249,7 +234,7 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   static_assert(E % 2 == 0, "float2 granularity");
   __shared__ float sm_m[WARPS], sm_l[WARPS];
   __shared__ float sm_o[WARPS][D];
-  grid_dependency_wait();  // launched early (PDL): the decode grid's partials are complete after this
+  fi::grid_dependency_wait();  // launched early (PDL): the decode grid's partials are complete after this
   const int b = blockIdx.x;
   const int h = blockIdx.y;
   const int warp = threadIdx.x >> 5;
