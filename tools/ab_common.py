@@ -31,6 +31,19 @@ def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float) -> argparse.A
     return ap
 
 
+def parse_switches(build: str) -> dict[str, int]:
+    """A build's compile switches: ``0`` (none) or NAME=INT[,NAME=INT...], names upper-cased."""
+    if build == "0":
+        return {}
+    out = {}
+    for item in build.split(","):
+        key, _, val = item.partition("=")
+        if not key.isidentifier() or not val.lstrip("-").isdigit():
+            raise SystemExit(f"build {build!r}: expected NAME=INT[,NAME=INT...], found {item!r}")
+        out[key.upper()] = int(val)
+    return out
+
+
 def time_in_turns(graphs: dict, calls: dict, names: list, builds: list, rounds: int,
                   warmup_s: float) -> dict:
     """Per-call microseconds of every graph (key (case, build); ``calls[key]`` launches per

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, measure
+from ab_common import arg_parser, measure, parse_switches
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16": (16, 8192, torch.bfloat16),
@@ -34,15 +34,8 @@ NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, buil
 
 
 def parse_build(text: str) -> dict:
-    if text == "0":
-        return {}
-    out = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if not (name.isupper() and value.lstrip("-").isdigit()):
-            raise SystemExit(f"bad switch {item!r}: NAME=N (upper case name, builds with -DFI_NAME=N)")
-        out[f"FI_{name}"] = int(value)
-    return out
+    """-DFI_NAME=N defines of a build (spec.MMA_AB form)."""
+    return {f"FI_{name}": v for name, v in parse_switches(text).items()}
 
 
 class use_build:

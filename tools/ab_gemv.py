@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, measure
+from ab_common import arg_parser, measure, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -37,17 +37,7 @@ ALL_CASES = "mm1,mm4,mm16,fp8_1,fp8_16,gw16,seg16,seg512"
 
 def parse_build(build: str) -> dict[str, int] | None:
     """Switches of one build; None for the torch baseline."""
-    if build == "torch":
-        return None
-    if build == "0":
-        return {}
-    out = {}
-    for item in build.split(","):
-        key, _, val = item.partition("=")
-        if not key.isidentifier() or not val.lstrip("-").isdigit():
-            raise SystemExit(f"build {build!r}: expected NAME=INT[,NAME=INT...], found {item!r}")
-        out[key.upper()] = int(val)
-    return out
+    return None if build == "torch" else parse_switches(build)
 
 
 def use_build(switches: dict[str, int]) -> None:
