@@ -1,7 +1,8 @@
 """Benchmark routines for decode: ``BatchDecodeWithPagedKVCacheWrapper`` (the TARGETS.md decode
 table, fp8 included) and ``single_decode_with_kv_cache``, each with torch SDPA on pre-gathered
 contiguous KV as the baseline in the same run (the gather is not timed), plus host-side run() and
-plan() times in the rows' ``extra``.
+plan() times in the rows' ``extra`` (plan() of the row's uniform batch and of a ragged batch of
+the same size).
 
     python3 -m flashinfer bench --routine BatchDecodeWithPagedKVCacheWrapper
 """
@@ -40,6 +41,19 @@ def _tables(batch, kv_len, dev):
     indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
     last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
     return indptr, indices, last, batch * pages
+
+
+def _ragged_tables(batch, kv_len):
+    """The row's batch with random lengths in [1, kv_len] (the last one kv_len): the non-uniform
+    batches of serving, whose plan() runs the chunk search (a uniform batch's plan is cached)."""
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(1, kv_len + 1, (batch,), generator=g)
+    lens[-1] = kv_len
+    pages = (lens + PAGE - 1) // PAGE
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32)
+    last = (lens - (pages - 1) * PAGE).to(torch.int32)
+    indices = torch.randperm(int(indptr[-1]), generator=g).to(torch.int32)
+    return indptr, indices, last
 
 
 def _check(out, q, cache, indptr, indices, last, requests, k_scale=None, v_scale=None):
@@ -129,6 +143,12 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     # lengths on the host): plan() then copies no page ids (65536 at b128).
     plan_dev_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
         torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, d_indices, last), hq, hkv, kv_dtype)
+    r_indptr, r_indices, r_last = _ragged_tables(batch, kv_len)
+    plan_ragged_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (r_indptr, r_indices, r_last), hq, hkv, kv_dtype)
+    plan_ragged_dev_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (r_indptr, r_indices.to(dev), r_last), hq, hkv,
+        kv_dtype)
 
     baseline = None
     if not fp8:  # SDPA has no fp8 KV path; the fp8 row is judged against its target
@@ -147,7 +167,9 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     return BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
                    baseline=baseline, target_us=target, backend="cuda",
                    extra={**host, "plan_host_us": round(plan_us, 2),
-                          "plan_host_us_device_indices": round(plan_dev_us, 2), "split_kv": w._plan.split,
+                          "plan_host_us_device_indices": round(plan_dev_us, 2),
+                          "plan_host_us_ragged": round(plan_ragged_us, 2),
+                          "plan_host_us_ragged_device_indices": round(plan_ragged_dev_us, 2), "split_kv": w._plan.split,
                           "work_items": w._plan.num_items, "kernel": w._kernel_name,
                           "other_kernel": w2._kernel_name, "other_kernel_us": round(other.median_us, 2)})
 

@@ -370,6 +370,31 @@ def test_merge_of_long_slot_lists(backend):
 
 
 @KERNELS
+def test_module_planner_makes_the_python_planners_plans(backend):
+    # fi_plan_decode as the module exports it (nvcc's host compiler) against planner.plan_decode on
+    # random ragged tables: the plan every non-uniform plan() stages; then one such batch end to end
+    import numpy as np  # noqa: PLC0415
+    from fi_attention.decode.planner import kv_lengths, plan_decode  # noqa: PLC0415
+    out, lse, ro, rl, w = run_decode(lengths(7, 3000, seed=3), 16, 32, 8, 128, backend=backend)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    (o,) = w._options.values()
+    _, _, _, ctas, sm = o.kernel
+    planner = o.planner
+    assert planner is not None and planner._fn is not None  # the module's export, not the fallback
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        batch = int(rng.integers(1, 300))
+        lens = rng.integers(0, int(rng.choice([500, 8192, 100000])), size=batch)
+        pages = (lens + 15) // 16
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        last = np.where(pages > 0, lens - (pages - 1) * 16, 0).astype(np.int32)
+        got = planner(indptr, last)
+        want = plan_decode(kv_lengths(indptr, last, 16), kv_units=8, sm_count=sm, ctas_per_sm=ctas)
+        assert (got.chunk, got.num_items, got.num_slots) == (want.chunk, want.num_items, want.num_slots)
+        assert np.array_equal(got.packed, want.packed)
+
+
+@KERNELS
 def test_uniform_batch_split_to_whole_waves(backend):
     # 64 x 4096 tokens x 8 kv heads: the planner splits to avoid a partial last wave on big GPUs
     out, lse, ro, rl, w = run_decode([4096] * 64, 16, 32, 8, 128, backend=backend)

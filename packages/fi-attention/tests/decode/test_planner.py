@@ -189,3 +189,88 @@ def test_split_never_loses_to_no_split_under_greedy_dispatch(seed):
     plan = plan_decode(lens, kv_units=units, sm_count=132, ctas_per_sm=3)
     flat = plan_decode(lens, kv_units=units, sm_count=132, ctas_per_sm=3, disable_split_kv=True)
     assert _simulate(plan, units, 396) <= 1.01 * _simulate(flat, units, 396)
+
+
+# ---- the native planner (decode_planner.h) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def native():
+    from fi_attention.decode.hostsim import native_planner  # noqa: PLC0415
+    fn = native_planner()
+    if fn is None:
+        pytest.skip("no system C++ compiler to build decode_planner.h")
+    return fn
+
+
+def _tables(rng, lens, page_size):
+    """A page table of requests of ``lens`` tokens (requests without pages carry a random
+    last_page_len, which the planner must ignore)."""
+    pages = (lens + page_size - 1) // page_size
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.where(pages > 0, lens - (pages - 1) * page_size, rng.integers(-5, 99, size=len(lens)))
+    return indptr, last.astype(np.int32)
+
+
+def _plan_or_error(fn, *args, **kw):
+    try:
+        return fn(*args, **kw), None
+    except ValueError as e:
+        return None, str(e)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_planner_makes_the_python_planners_plans(native, seed):
+    # bit-identical plans (chunk, items, slots and the packed metadata) on random batches: ragged and
+    # uniform, empty requests, long contexts (the histogram count) and short ones (the direct
+    # count), every option, GPUs of 1 to 132 SMs, and capacities that the plan exceeds
+    from fi_attention.decode.planner import NativePlanner  # noqa: PLC0415
+    rng = np.random.default_rng(1000 + seed)
+    for it in range(500):
+        batch = int(rng.integers(1, 600)) if it % 3 else int(rng.integers(1, 20))
+        lens = rng.integers(0 if it % 5 == 0 else 1, int(rng.choice([300, 3000, 20000, 70000, 200000])), size=batch)
+        if it % 7 == 0:
+            lens[:] = lens[0]
+        units, sm, ctas = int(rng.choice([1, 2, 4, 8, 32])), int(rng.choice([132, 108, 78, 16, 1])), int(rng.integers(1, 5))
+        page_size = int(rng.choice([1, 16, 64]))
+        r = rng.random()
+        kw = {"disable_split_kv": True} if r < 0.1 else {"fixed_split_size": int(rng.integers(1, 5000))} if r < 0.2 else {}
+        if rng.random() < 0.2:
+            kw["capacity"] = int(rng.integers(1, 3 * batch + 10))
+        want, want_err = _plan_or_error(plan_decode, lens, kv_units=units, sm_count=sm, ctas_per_sm=ctas, **kw)
+        planner = NativePlanner(native, units, sm, ctas, page_size)
+        got, got_err = _plan_or_error(planner, *_tables(rng, lens, page_size), **kw)
+        case = (it, batch, units, sm, ctas, page_size, kw)
+        assert got_err == want_err, case
+        if want is None:
+            continue
+        assert (got.chunk, got.num_items, got.num_slots, got.split) == \
+            (want.chunk, want.num_items, want.num_slots, want.split), case
+        assert np.array_equal(got.packed, want.packed), case
+        assert np.array_equal(got.work, want.work) and np.array_equal(got.merge_indptr, want.merge_indptr), case
+
+
+def test_native_planner_grows_its_buffer_for_a_fixed_chunk_and_reads_strided_tables(native):
+    from fi_attention.decode.planner import NativePlanner  # noqa: PLC0415
+    rng = np.random.default_rng(7)
+    lens = np.array([100000, 3, 0, 70000])
+    indptr, last = _tables(rng, lens, 16)
+    planner = NativePlanner(native, 8, 132, 3, 16)
+    got = planner(indptr, last, fixed_split_size=16)  # 10627 items, more than the search's limit
+    want = plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3, fixed_split_size=16)
+    assert got.num_items == want.num_items > 4 + planner._extra
+    assert np.array_equal(got.packed, want.packed)
+    wide = np.zeros((len(indptr), 2), dtype=np.int32)
+    wide[:, 0] = indptr
+    got = planner(wide[:, 0], last)  # a strided view: copied, not misread
+    assert np.array_equal(got.packed, plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3).packed)
+
+
+def test_native_planner_counts_items_exactly_where_the_reciprocal_rounds_down(native):
+    # 784 * (1 / 784.0) is just below 1 in float64: a request of 785 tokens is 2 chunks of 784,
+    # not 1. With capacity 5 the 784-token candidate (6 items) must be rejected.
+    from fi_attention.decode.planner import NativePlanner  # noqa: PLC0415
+    lens = np.array([1568, 785, 785])
+    indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    got = NativePlanner(native, 8, 132, 3, 1)(indptr, np.ones(3, np.int32), capacity=5)
+    want = plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3, capacity=5)
+    assert (got.chunk, got.num_items) == (want.chunk, want.num_items) == (0, 3)

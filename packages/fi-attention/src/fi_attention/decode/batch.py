@@ -31,7 +31,7 @@ from . import common
 from .launch import (OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OFF_TAIL, PACK_KV, PACK_OPTS,
                      PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, DecodeArgs, capturing,
                      page_shift, raw_stream)
-from .planner import max_items, plan_decode, plan_uniform
+from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
 from .staging import MetadataStaging
@@ -81,7 +81,7 @@ class _Options:
 
     __slots__ = ("group", "q_dtype", "kv_dtype", "hq", "hkv", "d", "ps", "pos", "window_left", "cap",
                  "sm_scale", "rope_scale", "rope_theta", "impl", "kernel", "kv_units", "finished",
-                 "shape_fields", "opt_fields")
+                 "shape_fields", "opt_fields", "planner")
 
     def __init__(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
                  logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta):
@@ -96,6 +96,7 @@ class _Options:
         self.shape_fields = (num_qo_heads, num_kv_heads, page_size, page_shift(page_size))
         self.impl = None  # resolved by the first plan() that gets past the page-table checks
         self.kernel = None
+        self.planner = None  # the kernel module's native planner, for non-uniform batches
         self.finished = False
 
     def finish(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
@@ -231,7 +232,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
             raise InputTypeError("indices must be an int32 tensor, got "
                                  f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
-        lens = request_lengths(h_indptr, h_last, o.ps, indices.numel())
+        lens = request_lengths(h_indptr, h_last, o.ps, indices.numel(), lengths=False)  # None: not uniform
         batch = h_last.shape[0]
         if self._use_cuda_graph and batch != self._fixed_batch:
             raise InputError(f"this CUDA-graph wrapper was built for batch {self._fixed_batch}, got {batch}")
@@ -302,8 +303,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if type(lens) is int:  # positional arguments: they are the plan cache's key
             plan = plan_uniform(B, lens, o.kv_units, sm, ctas, disable_split_kv, fixed, capacity)
         else:
-            plan = plan_decode(lens, kv_units=o.kv_units, sm_count=sm, ctas_per_sm=ctas,
-                               disable_split_kv=disable_split_kv, fixed_split_size=fixed, capacity=capacity)
+            planner = o.planner
+            if planner is None:
+                planner = o.planner = NativePlanner(self._mod.fn("fi_plan_decode").raw, o.kv_units, sm, ctas, o.ps)
+            plan = planner(self._h_indptr, self._h_last, disable_split_kv, fixed, capacity)
         # Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]. In
         # CUDA-graph mode the lse offset is sized for the capacity so that it never moves.
         cap = capacity if graph else plan.num_items

@@ -1,5 +1,6 @@
 // Pieces of the decode kernels that are not specific to one tile shape: raw K/V row loads and
 // their conversion to float, ALiBi slopes, and the kernel that merges split-KV partial states.
+// Including it also exports the host-side split-KV planner (decode_planner.h) from every module.
 #pragma once
 #include <cuda_fp8.h>
 
@@ -9,6 +10,7 @@
 #include "fi/vec.cuh"
 
 #include "decode_args.h"
+#include "decode_planner.h"
 
 namespace fi_attn {
 

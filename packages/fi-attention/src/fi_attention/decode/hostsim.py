@@ -9,7 +9,8 @@ launcher call. Only what needs a GPU is replaced:
   pinned buffers are pageable; events and streams are stand-ins that count their calls;
 - the kernel module is a stand-in: its launcher either records each call's argument block and
   stream (``launcher="record"``, for tests) or is a native no-op (``"noop"``, for timing: built
-  with the system C compiler, else the recording one);
+  with the system C compiler, else the recording one); its split-KV planner is the real one
+  (decode_planner.h built with the system C++ compiler; without one, the Python planner);
 - the wrapper's tensors (q, cache, out) are CPU tensors; its device index is -1, CPU's;
 - the stream and capture queries are Python functions that count their calls, or, with the no-op
   launcher, C builtins (``abs``, ``bool``) that cost about what torch's C functions do.
@@ -30,6 +31,7 @@ Examples
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import importlib.util
 import os
@@ -46,6 +48,7 @@ from fi_core import Arch
 from fi_core.errors import CudaError
 
 from .launch import DecodeArgs
+from .spec import PLAN_DECODE_ARGS
 
 FAKE_STREAM = 0x5E5
 SM_COUNT, CTAS_PER_SM = 132, 3  # an H200 with the tensor-core decode kernel
@@ -71,6 +74,29 @@ def native_noop() -> Optional[ctypes._CFuncPtr]:
     return fn
 
 
+_PLANNER_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_planner.h")
+
+
+def native_planner() -> Optional[ctypes._CFuncPtr]:
+    """``fi_plan_decode`` of decode_planner.h, built with the system C++ compiler (what every
+    decode module exports, without CUDA); None without a compiler."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:
+        lib = os.path.join(d, "planner.so")
+        cmd = [cxx, "-O3", "-shared", "-fPIC", "-x", "c++", "-o", lib, _PLANNER_H]
+        if subprocess.run(cmd, capture_output=True).returncode:
+            return None
+        fn = ctypes.CDLL(lib).fi_plan_decode
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p if a == "ptr" else ctypes.c_int64 for a in PLAN_DECODE_ARGS]
+    return fn
+
+
+_native_planner = functools.cache(native_planner)  # one build per process
+
+
 class _Entry:
     def __init__(self, raw):
         self.raw = raw
@@ -79,11 +105,12 @@ class _Entry:
 class FakeModule:
     """Stands in for a loaded decode module (see fi_core.jit.Module)."""
 
-    def __init__(self, launch):
+    def __init__(self, launch, planner):
         self._launch = launch
+        self._planner = planner
 
     def fn(self, name: str) -> _Entry:
-        return _Entry(self._launch)
+        return _Entry(self._planner if name == "fi_plan_decode" else self._launch)
 
     def fi_batch_decode_occupancy(self, addr: int) -> None:
         ctypes.c_int.from_address(addr).value = CTAS_PER_SM
@@ -117,7 +144,7 @@ class HostSim:
         self._record_fn = _LAUNCH(self._record)
         launch = native_noop() if launcher == "noop" else None
         self.launcher = "noop" if launch is not None else "record"
-        self.module = FakeModule(launch if launch is not None else self._record_fn)
+        self.module = FakeModule(launch if launch is not None else self._record_fn, _native_planner())
         self._saved: list = []
 
     # ---- stand-ins ----------------------------------------------------------------------

@@ -22,9 +22,9 @@ buffers. ``merge_indptr[b]:merge_indptr[b+1]`` are request b's slots (empty when
 
 from __future__ import annotations
 
+import ctypes
 import functools
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -61,8 +61,10 @@ MAX_WAVES = 12
 MAX_PIECES = 32
 
 
-@dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(NamedTuple):
+    """A split-KV plan (a named tuple: built on every plan() of a non-uniform batch, where a
+    frozen dataclass costs a microsecond more)."""
+
     work: np.ndarray          # int32 [n_items, 4], a view of packed
     merge_indptr: np.ndarray  # int32 [batch + 1], a view of packed
     num_items: int
@@ -71,7 +73,7 @@ class DecodePlan:
     split: bool
     # int32 [n_items * 4 + 4 + batch + 1]: work | num_items, 0, 0, 0 | merge_indptr, the device
     # metadata layout when the grid has exactly n_items items: the wrapper stages it in one copy.
-    packed: np.ndarray = field(repr=False)
+    packed: np.ndarray
 
 
 def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
@@ -134,6 +136,99 @@ def _model_time(items, chunks, total: int, longest: int, kv_units: int, sm_count
                 t = t * wave_scale + first_wave
         times.append(t)
     return times
+
+
+class PlanConfig(ctypes.Structure):
+    """decode_planner.h's DecodePlanConfig: the cost model's constants, then a kernel's fixed
+    values (8-byte fields in order)."""
+
+    _fields_ = [(n, ctypes.c_double) for n in ("one_cta_rate", "multi_cta_rate", "cta_cost", "merge_cost",
+                                               "wave_cta_cost", "wave_merge_cost")] + \
+               [(n, ctypes.c_int64) for n in ("min_chunk", "chunk_align", "max_waves", "max_pieces", "kv_units",
+                                              "sm_count", "ctas_per_sm", "limit_extra", "page_size")]
+
+
+# decode_planner.h's candidate lists hold 64 entries each.
+_NATIVE_CANDIDATES = 64
+
+
+def plan_config(kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int) -> Optional[PlanConfig]:
+    """This module's constants and a kernel's values for the native planner; None where it cannot
+    follow them (a list of candidates longer than it holds)."""
+    if MAX_PIECES > _NATIVE_CANDIDATES or MAX_WAVES + 2 > _NATIVE_CANDIDATES:
+        return None
+    return PlanConfig(ONE_CTA_RATE, MULTI_CTA_RATE, CTA_COST_TOKENS, MERGE_COST_TOKENS, WAVE_CTA_COST_TOKENS,
+                      WAVE_MERGE_COST_TOKENS, MIN_CHUNK_TOKENS, CHUNK_ALIGN, MAX_WAVES, MAX_PIECES, kv_units,
+                      sm_count, ctas_per_sm, max_items(0, kv_units, sm_count, ctas_per_sm), page_size)
+
+
+def _address(a: np.ndarray) -> int:
+    """The data address of a C-contiguous array (0.3 us; ``a.ctypes.data`` costs 1 us)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only or empty
+        return a.ctypes.data
+
+
+class NativePlanner:
+    """:func:`plan_decode` of a batch given by its page table, through ``fi_plan_decode``
+    (decode_planner.h, exported by every decode module): the same plans without numpy's per-call
+    costs. One per (module, GPU, head configuration, page size); not for concurrent use.
+
+    Parameters
+    ----------
+    fn : ctypes function or None
+        The module's raw ``fi_plan_decode``; None: plan_decode itself.
+    kv_units, sm_count, ctas_per_sm : int
+        As for plan_decode.
+    page_size : int
+        Tokens per page of the tables passed to calls.
+    """
+
+    def __init__(self, fn, kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int):
+        self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size)
+        self._fn = fn if self._config is not None else None
+        self._config_addr = ctypes.addressof(self._config) if self._config is not None else 0
+        self._info = np.zeros(4, dtype=np.int64)
+        self._info_addr = self._info.ctypes.data
+        self._args = (kv_units, sm_count, ctas_per_sm, page_size)
+        self._extra = max_items(0, kv_units, sm_count, ctas_per_sm)
+
+    def __call__(self, indptr: np.ndarray, last_page_len: np.ndarray, disable_split_kv: bool = False,
+                 fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:
+        """plan_decode of the requests of a page table that tables.request_lengths accepted (int32,
+        C-contiguous, at least one request)."""
+        if self._fn is None:  # no native planner (a host-path simulation without a compiler)
+            units, sm, ctas, ps = self._args
+            return plan_decode(kv_lengths(indptr, last_page_len, ps), kv_units=units, sm_count=sm,
+                               ctas_per_sm=ctas, disable_split_kv=disable_split_kv,
+                               fixed_split_size=fixed_split_size, capacity=capacity)
+        if not (indptr.flags.c_contiguous and last_page_len.flags.c_contiguous):
+            indptr, last_page_len = np.ascontiguousarray(indptr), np.ascontiguousarray(last_page_len)
+        batch = last_page_len.shape[0]
+        fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
+        cap = -1 if capacity is None else capacity
+        size = (batch + self._extra) * 4 + 5 + batch  # enough for the search; a fixed chunk may need more
+        args = (self._config_addr, _address(indptr), _address(last_page_len), batch, fixed, int(disable_split_kv), cap)
+        packed = np.empty(size, dtype=np.int32)
+        rc = self._fn(*args, _address(packed), size, self._info_addr)
+        if rc == 2:
+            size = int(self._info[1]) * 4 + 5 + batch
+            packed = np.empty(size, dtype=np.int32)
+            rc = self._fn(*args, _address(packed), size, self._info_addr)
+        chunk, n_items, n_slots = self._info.tolist()[:3]
+        if rc == 1:
+            if chunk == 0:
+                raise ValueError(f"the plan needs {batch} work items but the CUDA-graph buffers hold {capacity}")
+            raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
+                             f"{capacity}; use a larger fixed_split_size or disable_split_kv")
+        if rc:
+            raise RuntimeError(f"fi_plan_decode returned {rc} for a batch of {batch}")
+        n4 = n_items * 4
+        if size != n4 + 5 + batch:
+            packed = packed[: n4 + 5 + batch]
+        return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, n_slots, chunk,
+                          n_items > batch, packed)
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,

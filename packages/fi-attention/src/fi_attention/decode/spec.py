@@ -31,6 +31,9 @@ MMA_AB: dict = {}
 # 1002.5 us, so 16-bit caches keep variant 0. Session 9, with whole-line ring copies (decode_mma.cu):
 # bf16 on the ring 1020.4 us against 983.4 for variant 0 in the same run (decode_ab_copy_session9.json).
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# fi_plan_decode (decode_planner.h, host code in every decode module): config, indptr, last_page_len,
+# batch, fixed_chunk, disable_split, capacity, out, out_len, info.
+PLAN_DECODE_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i64", "ptr")
 
 
 def mma_variant(kv_dtype: torch.dtype) -> int:
@@ -64,7 +67,8 @@ def _decode_module(kind: str, source: str, q_dtype: torch.dtype, kv_dtype: torch
         defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
                  "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap), **extra},
         entries=(Entry("fi_batch_decode", ("ptr", "stream")),
-                 Entry("fi_batch_decode_occupancy", ("ptr",))),
+                 Entry("fi_batch_decode_occupancy", ("ptr",)),
+                 Entry("fi_plan_decode", PLAN_DECODE_ARGS)),
         package="fi_attention",
     )
 

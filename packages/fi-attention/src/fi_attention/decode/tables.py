@@ -44,7 +44,7 @@ def host_tables(indptr: torch.Tensor, last_page_len: torch.Tensor) -> tuple:
 
 
 def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int,
-                    num_indices: int) -> Union[int, np.ndarray]:
+                    num_indices: int, lengths: bool = True) -> Union[int, np.ndarray, None]:
     """Validate a page table and return each request's token count.
 
     Parameters
@@ -57,12 +57,15 @@ def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: in
     page_size : int
     num_indices : int
         Entries of the page index array (``indptr[-1]`` must not exceed it).
+    lengths : bool
+        False: return None instead of the lengths of a non-uniform batch (the native planner
+        reads the table itself).
 
     Returns
     -------
-    int or np.ndarray
+    int, np.ndarray or None
         The common length when every request has the same page count and last-page length (the
-        planner caches such plans by their scalars), else int64 ``[B]`` lengths.
+        planner caches such plans by their scalars), else int64 ``[B]`` lengths (or None).
 
     Examples
     --------
@@ -97,6 +100,8 @@ def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: in
         if (last_page_len.item(last_page_len.argmin()) < 1
                 or last_page_len.item(last_page_len.argmax()) > page_size):
             _bad_last_page_len(pages, last_page_len, page_size)
+        if not lengths:
+            return None
         ps = _page_size_array(page_size)
         lens = np.multiply(pages, ps)
         lens += last_page_len
@@ -104,6 +109,8 @@ def request_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: in
         return lens
     if last_page_len[last_page_len.argmin()] < 1 or last_page_len[last_page_len.argmax()] > page_size:
         _bad_last_page_len(pages, last_page_len, page_size)
+    if not lengths:
+        return None
     if min_pages > 0:  # every request has pages: no zero-length special case
         return pages.astype(np.int64) * page_size - (page_size - last_page_len)
     return kv_lengths(indptr, last_page_len, page_size)

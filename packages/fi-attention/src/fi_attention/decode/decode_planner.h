@@ -1,0 +1,236 @@
+// Split-KV planner of batch decode for non-uniform batches, in host C++.
+//
+// It makes the same plans as fi_attention.decode.planner.plan_decode, bit for bit
+// (tests/decode/test_planner.py runs both on thousands of random batches). That module is the
+// specification and documents the cost model; this file is its chunk search and work-item layout
+// without numpy's per-call costs (~25 ufunc calls and a Python loop over ~40 candidates: ~29 us
+// per plan on this project's 2-core VM, against ~1.5 us here for batch 16 or 128). The model's
+// constants come from Python in DecodePlanConfig, so they are defined once.
+//
+// Every decode module exports it (decode_common.cuh includes this file): the wrapper calls it
+// through the module it launches, which plan() has loaded anyway. It also builds on its own with
+// the system C++ compiler (``c++ -O3 -x c++ -shared -fPIC decode_planner.h``), which is how the
+// CPU tests and the host-path simulator (hostsim.py) get it.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#ifndef FI_EXPORT
+#define FI_EXPORT extern "C" __attribute__((visibility("default")))
+#endif
+
+// Mirrored by fi_attention.decode.planner.PlanConfig (ctypes); every field is 8 bytes wide. The
+// model's constants, then what is fixed for a wrapper's kernel: CTAs per work item, the GPU's SMs
+// and resident CTAs per SM, the items the search may add over one per request, the page size.
+struct DecodePlanConfig {
+  double one_cta_rate, multi_cta_rate, cta_cost, merge_cost, wave_cta_cost, wave_merge_cost;
+  int64_t min_chunk, chunk_align, max_waves, max_pieces;
+  int64_t kv_units, sm_count, ctas_per_sm, limit_extra, page_size;
+};
+
+// info[] written by fi_plan_decode.
+enum { FI_PLAN_CHUNK = 0, FI_PLAN_ITEMS = 1, FI_PLAN_SLOTS = 2 };
+
+namespace fi_decode_plan {
+
+constexpr int kMaxCandidates = 64;      // per candidate list (planner.plan_config checks the sizes)
+constexpr int64_t kHistBuckets = 4096;  // the histogram count serves requests up to 4096 * align tokens
+
+// Token counts of a checked page table (tables.request_lengths has validated it).
+struct Lengths {
+  const int32_t* indptr;
+  const int32_t* last;
+  int64_t page_size;
+  int64_t operator[](int64_t b) const {
+    const int64_t pages = (int64_t)indptr[b + 1] - indptr[b];
+    return pages > 0 ? (pages - 1) * page_size + last[b] : 0;
+  }
+};
+
+// planner._model_time for one candidate chunk with n items.
+inline double model_time(const DecodePlanConfig& m, int64_t n, double chunk, int64_t total, int64_t longest) {
+  const int64_t sms = m.sm_count, units = m.kv_units;
+  const int64_t slots = sms * m.ctas_per_sm > 1 ? sms * m.ctas_per_sm : 1;
+  const int64_t ctas = n * units;
+  double t;
+  if (ctas <= slots) {  // one wave
+    const int64_t per_sm = (ctas + sms - 1) / sms;
+    t = (double)per_sm * chunk * (per_sm <= 1 ? 1.0 / m.one_cta_rate : 1.0 / m.multi_cta_rate);
+    const double one_floor = (double)(total * units) / (double)sms;
+    if (t < one_floor) t = one_floor;
+    t += (double)per_sm * m.cta_cost;
+    if (chunk < (double)longest) t += m.merge_cost;
+  } else {  // several waves
+    const double c = chunk + m.wave_cta_cost;
+    t = (double)((ctas + slots - 1) / slots) * c;
+    const double greedy = (double)ctas * (m.wave_cta_cost / (double)slots) + c + (double)(total * units) / (double)slots;
+    if (greedy < t) t = greedy;
+    if (chunk < (double)longest) t += m.wave_merge_cost;
+    t = t * ((double)slots / (double)sms) + (double)m.ctas_per_sm * m.cta_cost;
+  }
+  return t;
+}
+
+// planner._choose_chunk: the candidate with the smallest modelled time (ties: the larger), or
+// ``longest`` when nothing else fits the item limit.
+inline int64_t choose_chunk(const DecodePlanConfig& m, const Lengths& lens, int64_t batch, int64_t longest,
+                            int64_t total, int64_t limit) {
+  if (batch > limit) return longest;
+  // Candidates: the longest request in k = 1..max_pieces equal pieces, then the whole batch in j
+  // CTAs on every SM for j in {1, 2} and the whole waves. Each list falls as its divisor grows, so
+  // both are written backwards (ascending) and merged.
+  const int64_t align = m.chunk_align;
+  auto chunk_of = [&](int64_t x, int64_t d) {
+    int64_t c = ((x - 1) / (d * align) + 1) * align;
+    if (c < m.min_chunk) c = m.min_chunk;
+    return c > longest ? longest : c;
+  };
+  int64_t pieces[kMaxCandidates], whole[kMaxCandidates];
+  const int np = (int)(m.max_pieces < kMaxCandidates ? m.max_pieces : kMaxCandidates);
+  for (int k = np; k >= 1; --k) pieces[np - k] = chunk_of(longest, k);
+  const int64_t cps = m.ctas_per_sm > 1 ? m.ctas_per_sm : 1;
+  const double per_unit = (double)m.sm_count / (double)(m.kv_units > 1 ? m.kv_units : 1);
+  int64_t js[kMaxCandidates] = {1, 2};  // {1, 2} and cps * w for w = 1..max_waves: ascending, distinct
+  int nj = 2;
+  for (int64_t w = 1; w <= m.max_waves && nj < kMaxCandidates; ++w)
+    if (cps * w > js[nj - 1]) js[nj++] = cps * w;
+  for (int i = 0; i < nj; ++i) {
+    const int64_t d = (int64_t)floor((double)js[nj - 1 - i] * per_unit);
+    whole[i] = chunk_of(total, d > 1 ? d : 1);
+  }
+  int64_t cand[2 * kMaxCandidates];
+  int nd = 0;
+  for (int a = 0, b = 0; a < np || b < nj;)
+    cand[nd++] = (b >= nj || (a < np && pieces[a] <= whole[b])) ? pieces[a++] : whole[b++];
+  // Candidates below total / limit tokens make more items than the limit, whatever the lengths.
+  int lo = 0;
+  if (total > m.min_chunk * limit) {
+    const int64_t least = (total + limit - 1) / limit;
+    while (lo < nd && cand[lo] < least) ++lo;
+  }
+  // Item counts, two ways: ceil(len / c) per request and candidate, or, when cheaper, a histogram
+  // of the lengths in chunk_align-token units (every candidate but ``longest``, whose count is
+  // ``batch``, is a multiple of it), whose suffix sums give #{len > k c}: the items of c are those
+  // counts summed over k (a request is counted once per k with k c < len: ceil(len / c) times).
+  const int64_t units = (longest + align - 1) / align;  // histogram buckets
+  int64_t direct_cost = 0, hist_cost = batch + 2 * units;
+  for (int i = lo; i < nd; ++i)
+    if (cand[i] < longest && (i == lo || cand[i] != cand[i - 1])) {
+      direct_cost += batch;
+      hist_cost += (longest + cand[i] - 1) / cand[i];
+    }
+  int32_t above[kHistBuckets + 1];  // above[t] = #{requests with len > t * align}
+  const bool hist = m.min_chunk % align == 0 && units <= kHistBuckets && hist_cost < direct_cost;
+  if (hist) {
+    for (int64_t t = 0; t < units; ++t) above[t] = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = lens[b] > 0 ? lens[b] : 1;
+      ++above[(len + align - 1) / align - 1];  // len > t * align for t < ceil(len / align)
+    }
+    for (int64_t t = units - 1; t > 0; --t) above[t - 1] += above[t];
+  }
+  // The counts do not increase along the sorted candidates: those over the limit come first.
+  int64_t best = longest, prev = -1;
+  double best_t = 0.0, prev_t = 0.0;
+  bool any = false;
+  for (int i = lo; i < nd; ++i) {
+    const int64_t c = cand[i];
+    double t = prev_t;
+    if (c != prev) {
+      int64_t items = 0;
+      if (c >= longest) {
+        items = batch;
+      } else if (hist) {
+        const int64_t step = c / align;
+        for (int64_t x = 0; x < units; x += step) items += above[x];
+      } else {
+        const double inv = 1.0 / (double)c;
+        for (int64_t b = 0; b < batch; ++b) {
+          const int64_t x = (lens[b] > 0 ? lens[b] : 1) - 1;  // ceil(len / c) = x / c + 1
+          int64_t q = (int64_t)((double)x * inv);
+          const int64_t r = x - q * c;  // the product may round across an integer: correct by one
+          q += (r >= c) - (r < 0);
+          items += q + 1;
+        }
+      }
+      if (items > limit) continue;
+      t = model_time(m, items, (double)c, total, longest);
+      prev = c;
+      prev_t = t;
+    }
+    if (!any || t <= best_t) {  // <=: the last (largest) of the cheapest
+      best = c;
+      best_t = t;
+      any = true;
+    }
+  }
+  return best;
+}
+
+}  // namespace fi_decode_plan
+
+// Plans a batch of ``batch`` >= 1 requests given by their checked page table (int32 ``indptr``
+// [batch + 1] and ``last_page_len`` [batch]) into ``out`` (int32, planner.DecodePlan.packed:
+// work [n, 4] | n, 0, 0, 0 | merge_indptr [batch + 1]) and ``info`` (int64: chunk (0 = no split),
+// items, slots). ``fixed_chunk`` > 0 takes that chunk, ``disable_split`` none, else the search;
+// ``capacity`` < 0 means no item limit beyond the search's own.
+// Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out_len`` entries are
+// too few (info[FI_PLAN_ITEMS] has the count in both cases, nothing is written to out); 3 for a
+// bad argument.
+FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indptr, const int32_t* last_page_len,
+                             int64_t batch, int64_t fixed_chunk, int64_t disable_split, int64_t capacity,
+                             int32_t* out, int64_t out_len, int64_t* info) {
+  if (!config || !indptr || !last_page_len || !out || !info || batch < 1 || config->sm_count < 1 ||
+      config->chunk_align < 1 || config->page_size < 1)
+    return 3;
+  const DecodePlanConfig& m = *config;
+  const fi_decode_plan::Lengths lens{indptr, last_page_len, m.page_size};
+  int64_t longest = 0, total = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens[b];
+    if (len < 0) return 3;
+    if (len > longest) longest = len;
+    total += len;
+  }
+  int64_t chunk = 0;
+  if (fixed_chunk > 0 && !disable_split) {
+    chunk = fixed_chunk;
+  } else if (!disable_split && longest > m.min_chunk) {
+    int64_t limit = batch + m.limit_extra;
+    if (capacity >= 0 && capacity < limit) limit = capacity;
+    chunk = fi_decode_plan::choose_chunk(m, lens, batch, longest, total, limit);
+  }
+  if (chunk >= longest) chunk = 0;
+  int64_t n_items = batch;
+  if (chunk)
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = lens[b];
+      n_items += len > 0 ? (len - 1) / chunk : 0;
+    }
+  info[FI_PLAN_CHUNK] = chunk;
+  info[FI_PLAN_ITEMS] = n_items;
+  info[FI_PLAN_SLOTS] = 0;
+  if (capacity >= 0 && n_items > capacity) return 1;
+  if (out_len < n_items * 4 + 4 + batch + 1) return 2;
+  int32_t* work = out;
+  int32_t* merge = out + n_items * 4 + 4;
+  out[n_items * 4] = (int32_t)n_items;
+  out[n_items * 4 + 1] = out[n_items * 4 + 2] = out[n_items * 4 + 3] = 0;
+  merge[0] = 0;
+  int64_t slot = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens[b];
+    const int64_t pieces = chunk && len > 0 ? (len - 1) / chunk + 1 : 1;
+    for (int64_t p = 0; p < pieces; ++p) {  // (request, first token, end token, slot or -1)
+      work[0] = (int32_t)b;
+      work[1] = (int32_t)(p * chunk);
+      work[2] = (int32_t)(p + 1 < pieces ? (p + 1) * chunk : len);
+      work[3] = pieces > 1 ? (int32_t)(slot + p) : -1;
+      work += 4;
+    }
+    if (pieces > 1) slot += pieces;
+    merge[b + 1] = (int32_t)slot;
+  }
+  info[FI_PLAN_SLOTS] = slot;
+  return 0;
+}
