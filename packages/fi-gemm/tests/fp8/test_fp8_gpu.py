@@ -72,7 +72,8 @@ def test_group_gemm_fp8_nt_groupwise(lens):
 # switched in through spec.BLOCKWISE_LARGE as the benchmark's blockwise_large option does. M = 320
 # is 3 M tiles, the last half full (a 2x1 cluster with an empty CTA); N = 1088 is 9 N tiles, the
 # last half full (an empty CTA in a 1x2 cluster) and a partial 128-row weight scale block;
-# K = 1152 is 9 scale blocks.
+# K = 1152 is 9 scale blocks. 1152 x 1920 is 135 tiles of 16 K blocks: one whole wave on the
+# H200's 132 SMs and three tiles over (the persistent scheduler's second round).
 BLOCKWISE_CANDIDATES = [c for c in fp8_spec.BLOCKWISE_CONFIGS if c != "default"]
 
 
@@ -82,13 +83,13 @@ def _blockwise_candidates():
     load_many(fp8_spec.blockwise_candidate_specs(arch))
 
 
+@pytest.mark.parametrize("m,n,k", [(320, 1088, 1152), (1152, 1920, 2048)])
 @pytest.mark.parametrize("config", BLOCKWISE_CANDIDATES)
-def test_gemm_fp8_nt_groupwise_large_candidates(config, monkeypatch, _blockwise_candidates):
+def test_gemm_fp8_nt_groupwise_large_candidates(config, m, n, k, monkeypatch, _blockwise_candidates):
     monkeypatch.setattr(fp8_spec, "BLOCKWISE_LARGE", config)
     loaded = []  # the units the dispatch asked for: proof that the candidate ran
     real_load = groupwise.load
     monkeypatch.setattr(groupwise, "load", lambda spec: loaded.append(spec.name) or real_load(spec))
-    m, n, k = 320, 1088, 1152
     a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=90),
                                          scale_major_mode="MN")
     b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=91),

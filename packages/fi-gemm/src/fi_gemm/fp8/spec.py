@@ -40,6 +40,10 @@ class BlockwiseConfig:
 # CUTLASS's ping-pong schedule (64x128 tile per consumer warpgroup, swizzle 8): 1377.4 / 156.7 us
 # at M = N = K = 8192 / 4096 against 989.8 / 114.2 for the cooperative swizzled unit in the same
 # run (gemm_fp8_nt_groupwise_ab_pingpong.json).
+# Session 10: CUTLASS's stream-K scheduler (heuristic decomposition, deterministic reduction; the
+# remainder of the last wave split over K) was slower at M = N = K = 8192: 983.9-984.8 us swizzled,
+# 1061.8-1068.8 plain, against 968.1-969.4 for this unit in the same runs; at M = 4096 the three
+# were within that run's spread (113-125 us) (gemm_fp8_nt_groupwise_ab_streamk_session10_*.json).
 BLOCKWISE_CONFIGS = {
     "default": BlockwiseConfig(128, 128),
     "swizzled": BlockwiseConfig(128, 128, swizzle=8),
