@@ -71,15 +71,8 @@ def _tables(batch, kv_len, seed=0):
 
 
 def _ragged_tables(batch, max_len, seed=0):
-    import torch  # noqa: PLC0415
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, max_len + 1, (batch,), generator=g)
-    lens[-1] = max_len
-    pages = (lens + PAGE - 1) // PAGE
-    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32)
-    last = (lens - (pages - 1) * PAGE).to(torch.int32)
-    indices = torch.randperm(int(indptr[-1]), generator=g).to(torch.int32)
-    return indptr, indices, last
+    """Random lengths in [1, max_len] (the last one max_len), pages interleaved."""
+    return _ragged_steps(batch, max_len, 1, seed)[0]
 
 
 def _ragged_steps(batch, max_len, steps, seed=0):
