@@ -23,7 +23,7 @@
 // model's constants, then what is fixed for a wrapper's kernel: CTAs per work item, the GPU's SMs
 // and resident CTAs per SM, the items the search may add over one per request, the page size.
 struct DecodePlanConfig {
-  double one_cta_rate, multi_cta_rate, cta_cost, merge_cost, wave_cta_cost, wave_merge_cost;
+  double one_cta_rate, multi_cta_rate, cta_cost, merge_cost, wave_tail, wave_cta_cost, wave_merge_cost;
   int64_t min_chunk, chunk_align, max_waves, max_pieces;
   int64_t kv_units, sm_count, ctas_per_sm, limit_extra, page_size;
 };
@@ -60,11 +60,10 @@ inline double model_time(const DecodePlanConfig& m, int64_t n, double chunk, int
     if (t < one_floor) t = one_floor;
     t += (double)per_sm * m.cta_cost;
     if (chunk < (double)longest) t += m.merge_cost;
-  } else {  // several waves
-    const double c = chunk + m.wave_cta_cost;
-    t = (double)((ctas + slots - 1) / slots) * c;
-    const double greedy = (double)ctas * (m.wave_cta_cost / (double)slots) + c + (double)(total * units) / (double)slots;
-    if (greedy < t) t = greedy;
+  } else {  // several waves, as greedy list scheduling (see planner.WAVE_TAIL)
+    double tail = (double)((ctas + slots - 1) / slots) - (double)ctas / (double)slots;
+    if (tail > m.wave_tail) tail = m.wave_tail;
+    t = (double)(total * units) / (double)slots + tail * chunk + (double)ctas * (m.wave_cta_cost / (double)slots);
     if (chunk < (double)longest) t += m.wave_merge_cost;
     t = t * ((double)slots / (double)sms) + (double)m.ctas_per_sm * m.cta_cost;
   }

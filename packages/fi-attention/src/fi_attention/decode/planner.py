@@ -49,11 +49,22 @@ ONE_CTA_RATE = 0.75
 MULTI_CTA_RATE = 1.1
 CTA_COST_TOKENS = 175
 MERGE_COST_TOKENS = 135
-# Grids of several waves, in "tokens one CTA streams" (the unit above times CTAs per SM): the
-# prologue and epilogue of a CTA after the first wave, mostly hidden by the other CTAs of its SM;
-# the merge. These reproduce the H200's large-batch results (b128 kv8192: 5 chunks per request,
-# 12.9 waves, 970 us; whole requests, 2.59 waves, 86 % of the bandwidth).
-WAVE_CTA_COST_TOKENS = 24
+# Grids of several waves, in "tokens one CTA streams" (the unit above times CTAs per SM). CTAs
+# start as others finish, so the grid lasts about as long as greedy list scheduling predicts: the
+# work over the CTA slots, plus WAVE_TAIL of the longest CTA (the expected tail: the last CTA to
+# finish started some time before the work ran out; less when the last wave is nearly full, none
+# for whole waves of equal CTAs), plus a prologue and epilogue per CTA that the other CTAs of its
+# SM only partly hide, plus the merge. Fitted (session 10) to split sweeps of 16 uniform batches
+# on the H200 (batch 16-512, kv 512-16384; decode_split_sweep_*session10*.txt, also
+# tests/decode/test_planner.py's H200_SWEEPS): among the measured splits of each shape the model
+# picks one within 1.8 % of the fastest (5.5 % summed over the shapes), where the previous model,
+# which charged a partial last wave as a whole one and 24 tokens per CTA, was up to 6.1 % off
+# (37.8 % summed): it cut large batches into more and shorter CTAs than pays. b256 x 2048 now runs
+# unsplit (481 us against 507 in 3 chunks), b128 x 4096 in 2 chunks (489 against 498), b128 x 8192
+# in 3 (975 against 972 in 5; 2 chunks measured 958); the fastest grids hold 1536-2048 CTAs (4-5
+# waves) wherever the batch allows.
+WAVE_TAIL = 0.3
+WAVE_CTA_COST_TOKENS = 160
 WAVE_MERGE_COST_TOKENS = 64
 # Most waves the automatic split goes to; bounds the work items (CUDA-graph capacity).
 MAX_WAVES = 12
@@ -101,7 +112,7 @@ def _model_time(items, chunks, total: int, longest: int, kv_units: int, sm_count
     A Python loop: for the ~40 candidates of a search it costs less than the ~25 numpy calls of the
     same arithmetic on candidate arrays (~0.5 us each whatever their size)."""
     slots = max(1, sm_count * ctas_per_sm)
-    sm_round, slots_round = sm_count - 1, slots - 1
+    sm_round = sm_count - 1
     one_floor = total * kv_units / sm_count
     one_speed, multi_speed = 1.0 / ONE_CTA_RATE, 1.0 / MULTI_CTA_RATE
     wave_share, wave_total = WAVE_CTA_COST_TOKENS / slots, total * kv_units / slots
@@ -122,17 +133,16 @@ def _model_time(items, chunks, total: int, longest: int, kv_units: int, sm_count
                 if chunk < longest:
                     t += MERGE_COST_TOKENS
             else:
-                # Several waves: equal CTAs take ceil(ctas / slots) waves of the longest; unequal
-                # ones are bounded by greedy list scheduling (total / slots + longest CTA). Both
-                # are upper bounds.
-                c = chunk + WAVE_CTA_COST_TOKENS
-                t = (ctas + slots_round) // slots * c
-                greedy = ctas * wave_share + c + wave_total
-                if greedy < t:
-                    t = greedy
+                # Several waves, as greedy list scheduling: the work over the slots, the expected
+                # tail of the longest CTA (no more than the last wave's empty share: whole waves of
+                # equal CTAs end together), the CTAs' own costs, the merge; then the first wave's
+                # prologues, which nothing hides (as in a one-wave grid).
+                tail = -(-ctas // slots) - ctas / slots
+                if tail > WAVE_TAIL:
+                    tail = WAVE_TAIL
+                t = wave_total + tail * chunk + ctas * wave_share
                 if chunk < longest:
                     t += WAVE_MERGE_COST_TOKENS
-                # ... plus the first wave's prologues, which nothing hides (as in a one-wave grid).
                 t = t * wave_scale + first_wave
         times.append(t)
     return times
@@ -143,7 +153,7 @@ class PlanConfig(ctypes.Structure):
     values (8-byte fields in order)."""
 
     _fields_ = [(n, ctypes.c_double) for n in ("one_cta_rate", "multi_cta_rate", "cta_cost", "merge_cost",
-                                               "wave_cta_cost", "wave_merge_cost")] + \
+                                               "wave_tail", "wave_cta_cost", "wave_merge_cost")] + \
                [(n, ctypes.c_int64) for n in ("min_chunk", "chunk_align", "max_waves", "max_pieces", "kv_units",
                                               "sm_count", "ctas_per_sm", "limit_extra", "page_size")]
 
@@ -157,9 +167,10 @@ def plan_config(kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int) 
     follow them (a list of candidates longer than it holds)."""
     if MAX_PIECES > _NATIVE_CANDIDATES or MAX_WAVES + 2 > _NATIVE_CANDIDATES:
         return None
-    return PlanConfig(ONE_CTA_RATE, MULTI_CTA_RATE, CTA_COST_TOKENS, MERGE_COST_TOKENS, WAVE_CTA_COST_TOKENS,
-                      WAVE_MERGE_COST_TOKENS, MIN_CHUNK_TOKENS, CHUNK_ALIGN, MAX_WAVES, MAX_PIECES, kv_units,
-                      sm_count, ctas_per_sm, max_items(0, kv_units, sm_count, ctas_per_sm), page_size)
+    return PlanConfig(ONE_CTA_RATE, MULTI_CTA_RATE, CTA_COST_TOKENS, MERGE_COST_TOKENS, WAVE_TAIL,
+                      WAVE_CTA_COST_TOKENS, WAVE_MERGE_COST_TOKENS, MIN_CHUNK_TOKENS, CHUNK_ALIGN, MAX_WAVES,
+                      MAX_PIECES, kv_units, sm_count, ctas_per_sm, max_items(0, kv_units, sm_count, ctas_per_sm),
+                      page_size)
 
 
 def _address(a: np.ndarray) -> int:
