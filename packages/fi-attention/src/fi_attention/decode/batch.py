@@ -306,7 +306,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             planner = o.planner
             if planner is None:
                 planner = o.planner = NativePlanner(self._mod.fn("fi_plan_decode").raw, o.kv_units, sm, ctas, o.ps)
-            plan = planner(self._h_indptr, self._h_last, disable_split_kv, fixed, capacity)
+            if (indptr.is_cpu and last_page_len.is_cpu and indptr.is_contiguous()
+                    and last_page_len.is_contiguous()):  # host_tables' numpy arrays are views of these
+                plan = planner.plan_at(indptr.data_ptr(), last_page_len.data_ptr(), B, disable_split_kv, fixed,
+                                       capacity)
+            else:
+                plan = planner(self._h_indptr, self._h_last, disable_split_kv, fixed, capacity)
         # Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]. In
         # CUDA-graph mode the lse offset is sized for the capacity so that it never moves.
         cap = capacity if graph else plan.num_items

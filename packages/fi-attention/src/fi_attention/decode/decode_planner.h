@@ -173,13 +173,13 @@ inline int64_t choose_chunk(const DecodePlanConfig& m, const Lengths& lens, int6
 // work [n, 4] | n, 0, 0, 0 | merge_indptr [batch + 1]) and ``info`` (int64: chunk (0 = no split),
 // items, slots). ``fixed_chunk`` > 0 takes that chunk, ``disable_split`` none, else the search;
 // ``capacity`` < 0 means no item limit beyond the search's own.
-// Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out_len`` entries are
-// too few (info[FI_PLAN_ITEMS] has the count in both cases, nothing is written to out); 3 for a
-// bad argument.
+// Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out`` is null or its
+// ``out_len`` entries are too few (info[FI_PLAN_ITEMS] has the count in both cases, nothing is
+// written to out); 3 for a bad argument.
 FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indptr, const int32_t* last_page_len,
                              int64_t batch, int64_t fixed_chunk, int64_t disable_split, int64_t capacity,
                              int32_t* out, int64_t out_len, int64_t* info) {
-  if (!config || !indptr || !last_page_len || !out || !info || batch < 1 || config->sm_count < 1 ||
+  if (!config || !indptr || !last_page_len || !info || batch < 1 || config->sm_count < 1 ||
       config->chunk_align < 1 || config->page_size < 1)
     return 3;
   const DecodePlanConfig& m = *config;
@@ -210,7 +210,7 @@ FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indp
   info[FI_PLAN_ITEMS] = n_items;
   info[FI_PLAN_SLOTS] = 0;
   if (capacity >= 0 && n_items > capacity) return 1;
-  if (out_len < n_items * 4 + 4 + batch + 1) return 2;
+  if (!out || out_len < n_items * 4 + 4 + batch + 1) return 2;
   int32_t* work = out;
   int32_t* merge = out + n_items * 4 + 4;
   out[n_items * 4] = (int32_t)n_items;

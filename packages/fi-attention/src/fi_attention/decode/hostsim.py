@@ -48,7 +48,11 @@ from fi_core import Arch
 from fi_core.errors import CudaError
 
 from .launch import DecodeArgs
-from .spec import PLAN_DECODE_ARGS
+
+try:
+    from .spec import PLAN_DECODE_ARGS
+except ImportError:  # tools/host_overhead.py --baseline: a tree from before the native planner
+    PLAN_DECODE_ARGS = None
 
 FAKE_STREAM = 0x5E5
 SM_COUNT, CTAS_PER_SM = 132, 3  # an H200 with the tensor-core decode kernel
@@ -81,7 +85,7 @@ def native_planner() -> Optional[ctypes._CFuncPtr]:
     """``fi_plan_decode`` of decode_planner.h, built with the system C++ compiler (what every
     decode module exports, without CUDA); None without a compiler."""
     cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
+    if cxx is None or PLAN_DECODE_ARGS is None:
         return None
     with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:
         lib = os.path.join(d, "planner.so")

@@ -184,7 +184,9 @@ def _address(a: np.ndarray) -> int:
 class NativePlanner:
     """:func:`plan_decode` of a batch given by its page table, through ``fi_plan_decode``
     (decode_planner.h, exported by every decode module): the same plans without numpy's per-call
-    costs. One per (module, GPU, head configuration, page size); not for concurrent use.
+    costs. One per (module, GPU, head configuration, page size); not for concurrent use. A plan's
+    arrays are views of the planner's own buffer: valid until its next call (the wrapper copies
+    them into its staging buffer at once).
 
     Parameters
     ----------
@@ -200,15 +202,17 @@ class NativePlanner:
         self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size)
         self._fn = fn if self._config is not None else None
         self._config_addr = ctypes.addressof(self._config) if self._config is not None else 0
-        self._info = np.zeros(4, dtype=np.int64)
-        self._info_addr = self._info.ctypes.data
+        self._info = (ctypes.c_int64 * 3)()  # chunk, items, slots
+        self._info_addr = ctypes.addressof(self._info)
         self._args = (kv_units, sm_count, ctas_per_sm, page_size)
         self._extra = max_items(0, kv_units, sm_count, ctas_per_sm)
+        self._out = np.empty(0, dtype=np.int32)
+        self._out_addr = 0
 
     def __call__(self, indptr: np.ndarray, last_page_len: np.ndarray, disable_split_kv: bool = False,
                  fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:
         """plan_decode of the requests of a page table that tables.request_lengths accepted (int32,
-        C-contiguous, at least one request)."""
+        at least one request)."""
         if self._fn is None:  # no native planner (a host-path simulation without a compiler)
             units, sm, ctas, ps = self._args
             return plan_decode(kv_lengths(indptr, last_page_len, ps), kv_units=units, sm_count=sm,
@@ -216,18 +220,26 @@ class NativePlanner:
                                fixed_split_size=fixed_split_size, capacity=capacity)
         if not (indptr.flags.c_contiguous and last_page_len.flags.c_contiguous):
             indptr, last_page_len = np.ascontiguousarray(indptr), np.ascontiguousarray(last_page_len)
-        batch = last_page_len.shape[0]
+        return self.plan_at(_address(indptr), _address(last_page_len), last_page_len.shape[0], disable_split_kv,
+                            fixed_split_size, capacity)
+
+    def plan_at(self, indptr_addr: int, last_addr: int, batch: int, disable_split_kv: bool = False,
+                fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:
+        """:meth:`__call__` of tables given by the addresses of their contiguous int32 data (the
+        wrapper passes its CPU tensors' ``data_ptr()``: cheaper than a numpy array's address)."""
         fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
         cap = -1 if capacity is None else capacity
-        size = (batch + self._extra) * 4 + 5 + batch  # enough for the search; a fixed chunk may need more
-        args = (self._config_addr, _address(indptr), _address(last_page_len), batch, fixed, int(disable_split_kv), cap)
-        packed = np.empty(size, dtype=np.int32)
-        rc = self._fn(*args, _address(packed), size, self._info_addr)
-        if rc == 2:
-            size = int(self._info[1]) * 4 + 5 + batch
-            packed = np.empty(size, dtype=np.int32)
-            rc = self._fn(*args, _address(packed), size, self._info_addr)
-        chunk, n_items, n_slots = self._info.tolist()[:3]
+        info = self._info
+        while True:
+            rc = self._fn(self._config_addr, indptr_addr, last_addr, batch, fixed, int(disable_split_kv), cap,
+                          self._out_addr, self._out.shape[0], self._info_addr)
+            if rc != 2:
+                break
+            # the buffer is too small: room for the search's limit (or this fixed chunk's items)
+            need = max(info[1], batch + self._extra) * 4 + 5 + batch
+            self._out = np.empty(need + need // 4, dtype=np.int32)
+            self._out_addr = self._out.ctypes.data
+        chunk, n_items, n_slots = info[0], info[1], info[2]
         if rc == 1:
             if chunk == 0:
                 raise ValueError(f"the plan needs {batch} work items but the CUDA-graph buffers hold {capacity}")
@@ -236,8 +248,7 @@ class NativePlanner:
         if rc:
             raise RuntimeError(f"fi_plan_decode returned {rc} for a batch of {batch}")
         n4 = n_items * 4
-        if size != n4 + 5 + batch:
-            packed = packed[: n4 + 5 + batch]
+        packed = self._out[: n4 + 5 + batch]
         return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, n_slots, chunk,
                           n_items > batch, packed)
 
