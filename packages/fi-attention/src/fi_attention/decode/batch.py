@@ -41,7 +41,7 @@ _compiling = torch.compiler.is_compiling
 _check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
 _Tensor = torch.Tensor
 _CONTIGUOUS = torch.contiguous_format
-# The checked path's capture test: the public function, which torch.compile knows how to trace.
+# The checked path's capture test (skipped while torch.compile traces, see _run_checked).
 _capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else capturing
 
 _OCCUPANCY: dict = {}
@@ -448,7 +448,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         tensors, FI_CHECK_INPUTS and torch.compile."""
         if not self._planned:
             raise InputError("run() called before plan()")
-        if not self._use_cuda_graph and _capturing():
+        # Under torch.compile the test would run once, at trace time, and dynamo cannot trace the
+        # query on every torch build (the CUDA build's GPU-machine torch raised Unsupported there).
+        if not self._use_cuda_graph and not _compiling() and _capturing():
             raise InputError("run() is being captured into a CUDA graph but this wrapper was built "
                              "with use_cuda_graph=False: its plan() buffers may move. Build it with "
                              "use_cuda_graph=True and fixed paged_kv_*_buffer tensors")
