@@ -499,8 +499,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         Validation and view creation cost several microseconds, so the result is remembered per
         cache signature (see _cache_key) until a plan() changes the geometry it was checked
         against: a serving loop passes the same per-layer caches every step. Only numbers are
-        kept, never the tensors."""
-        key = _cache_key(paged_kv_cache)
+        kept, never the tensors. While torch.compile traces, the cache is validated (shapes and
+        dtypes are static in the trace) but neither remembered nor addressed: the custom op makes
+        the view when it runs."""
+        compiling = _compiling()
+        key = None if compiling else _cache_key(paged_kv_cache)
         hit = self._kv_seen.get(key) if key is not None else None
         if hit is not None:
             return hit
@@ -514,6 +517,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if max(*kv.k_strides[:2], *kv.v_strides[:2]) >= 1 << 31:  # the kernels' 32-bit row strides
             raise InputError(f"paged_kv_cache page/token strides must be below 2^31 elements, got K "
                              f"{kv.k_strides[:2]} and V {kv.v_strides[:2]}")
+        if compiling:
+            return None, kv.num_pages
         hit = ((kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides), kv.num_pages)
         if key is not None:
             if len(self._kv_seen) >= 256:
