@@ -1,19 +1,24 @@
-"""Split-KV planning for batch decode: pure Python/numpy, no device access.
+"""Split-KV planning for batch decode: host code only, no device access.
 
 Decode reads every K/V row once, so its time is bytes / bandwidth only if every SM streams until
 the end. Two things break that: a batch with fewer (request x kv-head) CTAs than the GPU holds at
-once leaves SMs idle, and a grid of equal long CTAs that is not a whole number of waves leaves
-the GPU partly idle during its last wave (1024 CTAs on 396 slots = 2.59 waves: the third wave
-runs 59 % full and the kernel reaches 86 % of the bandwidth, which is what the H200 measured).
+once leaves SMs idle, and the last CTAs of a larger grid run while other SMs have nothing left
+(1024 CTAs of 8192 tokens on 396 slots: b128 x 8192 unsplit, 1004-1013 us on the H200 against
+958-981 in 2 chunks).
 
 The planner therefore cuts requests into chunks of at most ``chunk`` tokens (equal sizes, the
 last one shorter) and picks the chunk with the smallest modelled time (see :func:`_model_time`).
 A grid that fits in one resident wave lasts as long as the larger of its share of the HBM
 bandwidth and its busiest SM's streaming (an SM with one CTA streams slower than its share, two
-or more faster), plus a prologue per CTA on the busiest SM. A larger grid runs in waves of the
-longest CTA (or a greedy bound for unequal CTAs), where later CTAs' prologues hide behind other
-CTAs' streaming. Either way a split adds the merge: each chunk writes a partial (o, lse) into the
-float workspace, and a merge kernel combines a request's partials.
+or more faster), plus a prologue per CTA on the busiest SM. A larger grid is modelled as greedy
+list scheduling: the work over the CTA slots, the tail of the longest CTA, and a cost per CTA
+that the other CTAs of its SM only partly hide. Either way a split adds the merge: each chunk
+writes a partial (o, lse) into the float workspace, and a merge kernel combines a request's
+partials.
+
+This module is the specification, used for uniform batches (whose plans are cached) and on CPU;
+plan() of a non-uniform batch runs the same search in native code (:class:`NativePlanner`,
+decode_planner.h), which the tests hold to bit-identical plans.
 
 A work item is ``(request, token_begin, token_end, slot)``; ``slot`` is -1 for a request that is
 not split (the decode kernel writes the output directly) and otherwise indexes the partial
