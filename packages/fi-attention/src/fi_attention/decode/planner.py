@@ -68,6 +68,11 @@ MERGE_COST_TOKENS = 135
 # unsplit (481 us against 507 in 3 chunks), b128 x 4096 in 2 chunks (489 against 498), b128 x 8192
 # in 3 (975 against 972 in 5; 2 chunks measured 958); the fastest grids hold 1536-2048 CTAs (4-5
 # waves) wherever the batch allows.
+# A second round on 13 larger shapes (decode_split_sweep_round2_session10.txt) compared these
+# choices with a variant that charges a smaller tail when the last wave holds at most one CTA per
+# SM: each won on four shapes by 1-3 % and tied on the rest, so the simpler model stays; its
+# choices there are within 1.8 % of the fastest measured split (b256 x 6144: 1468 against 1442
+# unsplit).
 WAVE_TAIL = 0.3
 WAVE_CTA_COST_TOKENS = 160
 WAVE_MERGE_COST_TOKENS = 64
