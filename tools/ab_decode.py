@@ -7,8 +7,9 @@ are timed in turns (tools/ab_common.py), so clock and power drift hit them alike
     python3 tools/ab_decode.py [--rounds 9] [--cases b1,b16,b64,b128,fp8] BUILD ...
 
 Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
-32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), fp8 (128 x 8192, e4m3 cache),
-b2 (2 x 4096): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md, plus one short split.
+32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), fp8 (128 x 8192, e4m3 cache):
+the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2, b8k4,
+b32k1, b32k4 (bBATCHkKV/1024): short decode steps.
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
 with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3.
@@ -28,7 +29,10 @@ from ab_common import arg_parser, measure, parse_switches
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16": (16, 8192, torch.bfloat16),
          "b64": (64, 4096, torch.bfloat16), "b128": (128, 8192, torch.bfloat16),
-         "fp8": (128, 8192, torch.float8_e4m3fn)}
+         "fp8": (128, 8192, torch.float8_e4m3fn),
+         # short decode steps (small batches, short contexts), named bBATCHkKV/1024
+         "b1k4": (1, 4096, torch.bfloat16), "b1k8": (1, 8192, torch.bfloat16), "b4k2": (4, 2048, torch.bfloat16),
+         "b8k4": (8, 4096, torch.bfloat16), "b32k1": (32, 1024, torch.bfloat16), "b32k4": (32, 4096, torch.bfloat16)}
 NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 

@@ -15,7 +15,7 @@ from fi_attention import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDeco
                           single_decode_with_kv_cache)
 from fi_attention.decode import batch as decode_batch
 from fi_attention.decode import spec as decode_spec
-from fi_attention.decode.spec import select_spec
+from fi_attention.decode.spec import select_spec, short_step_spec
 from fi_attention.reference import attention_reference, batch_decode_reference, gather_paged_kv
 
 pytestmark = testing.gpu_only()
@@ -39,6 +39,8 @@ def _prebuild_modules():
     cases += [(q, kv, 128, 4, "NONE", False) for q in (bf, hf) for kv in (e4, e5)]
     specs = {select_spec(q, kv, d, g, pos, cap, arch, kernel)
              for q, kv, d, g, pos, cap in cases for kernel in ("tensor-core", "cuda-core")}
+    specs |= {sp for q, kv, d, g, pos, cap in cases for kernel in ("auto", "tensor-core")
+              if (sp := short_step_spec(q, kv, d, g, pos, cap, arch, kernel)) is not None}
     build_many(sorted(specs, key=lambda sp: sp.name))
 
 
@@ -378,7 +380,7 @@ def test_module_planner_makes_the_python_planners_plans(backend):
     out, lse, ro, rl, w = run_decode(lengths(7, 3000, seed=3), 16, 32, 8, 128, backend=backend)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     (o,) = w._options.values()
-    _, _, _, ctas, sm = o.kernel
+    ctas, sm = o.kernel[3:5]
     planner = o.planner
     assert planner is not None and planner._fn is not None  # the module's export, not the fallback
     rng = np.random.default_rng(5)
@@ -392,6 +394,18 @@ def test_module_planner_makes_the_python_planners_plans(backend):
         want = plan_decode(kv_lengths(indptr, last, 16), kv_units=8, sm_count=sm, ctas_per_sm=ctas)
         assert (got.chunk, got.num_items, got.num_slots) == (want.chunk, want.num_items, want.num_slots)
         assert np.array_equal(got.packed, want.packed)
+
+
+@pytest.mark.parametrize("lens,short", [([4096], True), ([32768], False), ([300, 200, 100, 77], True),
+                                         ([4096] * 64, False)], ids=["b1k4", "b1k32", "ragged_short", "b64k4"])
+def test_short_steps_take_the_ring_kernel(lens, short):
+    # plans whose CTAs stream <= spec.SHORT_CTA_TOKENS tokens run the 16-bit cache on the
+    # shared-memory ring; both kernels match the reference
+    out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128)
+    assert (w._plan.cta_tokens <= decode_spec.SHORT_CTA_TOKENS) == short, w._plan
+    assert w._kernel_name.endswith("_mma_variant3") == short, w._kernel_name
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
 
 
 @KERNELS

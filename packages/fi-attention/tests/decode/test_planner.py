@@ -265,8 +265,8 @@ def test_native_planner_makes_the_python_planners_plans(native, seed):
         assert got_err == want_err, case
         if want is None:
             continue
-        assert (got.chunk, got.num_items, got.num_slots, got.split) == \
-            (want.chunk, want.num_items, want.num_slots, want.split), case
+        assert (got.chunk, got.num_items, got.num_slots, got.split, got.longest) == \
+            (want.chunk, want.num_items, want.num_slots, want.split, want.longest), case
         assert np.array_equal(got.packed, want.packed), case
         assert np.array_equal(got.work, want.work) and np.array_equal(got.merge_indptr, want.merge_indptr), case
 

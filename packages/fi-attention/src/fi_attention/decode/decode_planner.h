@@ -29,7 +29,7 @@ struct DecodePlanConfig {
 };
 
 // info[] written by fi_plan_decode.
-enum { FI_PLAN_CHUNK = 0, FI_PLAN_ITEMS = 1, FI_PLAN_SLOTS = 2 };
+enum { FI_PLAN_CHUNK = 0, FI_PLAN_ITEMS = 1, FI_PLAN_SLOTS = 2, FI_PLAN_LONGEST = 3 };
 
 namespace fi_decode_plan {
 
@@ -170,9 +170,10 @@ inline int64_t choose_chunk(const DecodePlanConfig& m, const Lengths& lens, int6
 
 // Plans a batch of ``batch`` >= 1 requests given by their checked page table (int32 ``indptr``
 // [batch + 1] and ``last_page_len`` [batch]) into ``out`` (int32, planner.DecodePlan.packed:
-// work [n, 4] | n, 0, 0, 0 | merge_indptr [batch + 1]) and ``info`` (int64: chunk (0 = no split),
-// items, slots). ``fixed_chunk`` > 0 takes that chunk, ``disable_split`` none, else the search;
-// ``capacity`` < 0 means no item limit beyond the search's own.
+// work [n, 4] | n, 0, 0, 0 | merge_indptr [batch + 1]) and ``info`` (int64 [4]: chunk (0 = no
+// split), items, slots, the longest request's tokens). ``fixed_chunk`` > 0 takes that chunk,
+// ``disable_split`` none, else the search; ``capacity`` < 0 means no item limit beyond the
+// search's own.
 // Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out`` is null or its
 // ``out_len`` entries are too few (info[FI_PLAN_ITEMS] has the count in both cases, nothing is
 // written to out); 3 for a bad argument.
@@ -209,6 +210,7 @@ FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indp
   info[FI_PLAN_CHUNK] = chunk;
   info[FI_PLAN_ITEMS] = n_items;
   info[FI_PLAN_SLOTS] = 0;
+  info[FI_PLAN_LONGEST] = longest;
   if (capacity >= 0 && n_items > capacity) return 1;
   if (!out || out_len < n_items * 4 + 4 + batch + 1) return 2;
   int32_t* work = out;

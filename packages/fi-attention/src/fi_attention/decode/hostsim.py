@@ -199,6 +199,7 @@ class HostSim:
             patches += [(m, "torch", shim), (m, "raw_stream", raw_stream), (m, "_raw_stream", raw_stream),
                         (m, "capturing", capturing), (m, "_capturing", capturing)]
         patches += [(batch, "arch_of", lambda dev=None: sm90), (batch, "load", lambda spec: self.module),
+                    (batch, "load_many", lambda specs: [self.module] * len(specs)),
                     (batch, "device_info", lambda index=None: types.SimpleNamespace(sm_count=SM_COUNT))]
         cls = batch.BatchDecodeWithPagedKVCacheWrapper
         real_run_core = cls._run_core

@@ -95,6 +95,12 @@ class DecodePlan(NamedTuple):
     # int32 [n_items * 4 + 4 + batch + 1]: work | num_items, 0, 0, 0 | merge_indptr, the device
     # metadata layout when the grid has exactly n_items items: the wrapper stages it in one copy.
     packed: np.ndarray
+    longest: int = 0          # tokens of the longest request
+
+    @property
+    def cta_tokens(self) -> int:
+        """Most tokens one work item streams: the chunk, or the longest request when unsplit."""
+        return self.chunk or self.longest
 
 
 def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
@@ -212,7 +218,7 @@ class NativePlanner:
         self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size)
         self._fn = fn if self._config is not None else None
         self._config_addr = ctypes.addressof(self._config) if self._config is not None else 0
-        self._info = (ctypes.c_int64 * 3)()  # chunk, items, slots
+        self._info = (ctypes.c_int64 * 4)()  # chunk, items, slots, longest
         self._info_addr = ctypes.addressof(self._info)
         self._args = (kv_units, sm_count, ctas_per_sm, page_size)
         self._extra = max_items(0, kv_units, sm_count, ctas_per_sm)
@@ -260,7 +266,7 @@ class NativePlanner:
         n4 = n_items * 4
         packed = self._out[: n4 + 5 + batch]
         return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, n_slots, chunk,
-                          n_items > batch, packed)
+                          n_items > batch, packed, info[3])
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,
@@ -419,7 +425,7 @@ def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_spli
         work[:, 3] = -1
         packed[batch * 4] = batch
         return DecodePlan(work=work, merge_indptr=packed[batch * 4 + 4:], num_items=batch, num_slots=0,
-                          chunk=0, split=False, packed=packed)
+                          chunk=0, split=False, packed=packed, longest=longest)
     if nchunks is None:  # a fixed chunk, or a uniform batch (whose plan is cached as a whole)
         nchunks = (np.maximum(kv_lens, 1) - 1) // chunk + 1
         n_items = int(np.add.reduce(nchunks))
@@ -434,7 +440,7 @@ def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_spli
     packed[last_ends] = kv_lens
     n4 = n_items * 4
     return DecodePlan(work=packed[:n4].reshape(n_items, 4), merge_indptr=packed[n4 + 4:], num_items=n_items,
-                      num_slots=n_slots, chunk=chunk, split=n_items > batch, packed=packed)
+                      num_slots=n_slots, chunk=chunk, split=n_items > batch, packed=packed, longest=longest)
 
 
 def _split_layout(chunk: int, nchunks: bytes) -> tuple:

@@ -102,9 +102,11 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
 
 @functools.cache
 def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
-                    pos_encoding_mode: str, soft_cap: bool, arch: Arch) -> KernelSpec:
-    """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible."""
-    variant = mma_variant(kv_dtype)
+                    pos_encoding_mode: str, soft_cap: bool, arch: Arch, variant: int | None = None) -> KernelSpec:
+    """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible. ``variant``: FI_MMA_VARIANT
+    (default: mma_variant's choice for the cache dtype)."""
+    if variant is None:
+        variant = mma_variant(kv_dtype)
     extra = {"FI_MMA_VARIANT": variant} if variant else {}
     if MMA_STAGES:
         extra["FI_MMA_STAGES"] = MMA_STAGES
@@ -115,19 +117,45 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
                           pos_encoding_mode, soft_cap, arch, extra or None)
 
 
+def _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel) -> bool:
+    eligible = tensor_core_eligible(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode)
+    return eligible and (kernel == "tensor-core" or (kernel == "auto" and TENSOR_CORE_DEFAULT
+                                                     and gh >= TENSOR_CORE_MIN_GH))
+
+
 def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
                 kernel: str = "auto") -> KernelSpec:
     """The decode module for a call. kernel: "auto", "tensor-core" (if eligible) or "cuda-core"."""
     gh = heads_per_cta(group)
-    eligible = tensor_core_eligible(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode)
-    use_tc = eligible and (kernel == "tensor-core" or (kernel == "auto" and TENSOR_CORE_DEFAULT
-                                                       and gh >= TENSOR_CORE_MIN_GH))
-    make = decode_mma_spec if use_tc else decode_spec
+    make = decode_mma_spec if _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel) else decode_spec
     return make(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch)
+
+
+# Short decode steps: a plan whose CTAs stream at most SHORT_CTA_TOKENS tokens each runs a 16-bit
+# cache on the shared-memory ring (variant 3, three tiles per warp in flight from the start)
+# instead of register tiles, which reach their steady state only after a few tiles. H200, GQA
+# 32/8 bf16, tools/ab_decode.py in turns (decode_ab_bf16_ring_short_session10.json): CTAs of
+# 256-272 tokens x1.12-1.26 (b1 x 4096 11.92 -> 10.66 us, b1 x 8192 17.25 -> 13.51, b2 x 4096
+# 16.52 -> 13.26, b4 x 2048 16.40 -> 13.56); CTAs of 1024 tokens or more x0.95-0.99 (b8 x 4096,
+# b32 x 1024, b1 x 32768, b16 x 8192, b32 x 4096), so those keep register tiles.
+SHORT_CTA_TOKENS = 512
+
+
+def short_step_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
+                    kernel: str = "auto") -> KernelSpec | None:
+    """The module for plans of short CTAs (see SHORT_CTA_TOKENS), or None where select_spec's
+    module serves them too: caches other than 16-bit, the CUDA-core kernel, and A/B builds
+    (MMA_VARIANT / MMA_AB set)."""
+    gh = heads_per_cta(group)
+    if (kv_dtype in _FP8 or MMA_VARIANT is not None or MMA_AB
+            or not _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel)):
+        return None
+    return decode_mma_spec(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch, variant=3)
 
 
 def representative_specs(arch: Arch) -> list[KernelSpec]:
     return [decode_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
             decode_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
             decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
-            decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch)]
+            decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
+            decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch, variant=3)]
