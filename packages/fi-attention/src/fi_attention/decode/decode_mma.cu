@@ -113,10 +113,16 @@ struct MergeSmem {  // the epilogue's exchange of the NW warp states
 };
 constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variant 0 uses static arrays only)
     VARIANT != 3 ? 0 : RING_BYTES > int(sizeof(MergeSmem)) ? RING_BYTES : int(sizeof(MergeSmem));
-// 3 CTAs (12 warps) per SM. Variant 3 also needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
-// bound only caps registers; the planner reads the residency from the occupancy query).
-constexpr int CTAS_BY_SMEM = VARIANT == 3 ? 228 * 1024 / (SMEM_BYTES + 1024) : 3;
-constexpr int CTAS_PER_SM = CTAS_BY_SMEM < 3 ? CTAS_BY_SMEM : 3;
+// FI_MMA_CTAS CTAs (4 warps each) per SM at most: 3 by default. The ring on a 16-bit cache, which
+// serves short plans (spec.SHORT_CTA_TOKENS, few CTAs per SM), is built with 2: at 3 its 168
+// registers spilled 24 bytes. Variant 3 also needs its shared memory per CTA: an sm_90 SM has
+// 228 KB, 1 KB of it reserved per CTA (the launch bound only caps registers; the planner reads
+// the residency from the occupancy query).
+#ifndef FI_MMA_CTAS
+#define FI_MMA_CTAS 3
+#endif
+constexpr int CTAS_BY_SMEM = VARIANT == 3 ? 228 * 1024 / (SMEM_BYTES + 1024) : FI_MMA_CTAS;
+constexpr int CTAS_PER_SM = CTAS_BY_SMEM < FI_MMA_CTAS ? CTAS_BY_SMEM : FI_MMA_CTAS;
 static_assert(SMEM_BYTES <= 227 * 1024 && CTAS_PER_SM >= 1, "the ring does not fit one SM");
 
 // Sector layout. A lane's K slice (KD elements of a token) and V slice (VD elements) are not

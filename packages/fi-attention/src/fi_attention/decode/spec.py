@@ -102,12 +102,16 @@ def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: 
 
 @functools.cache
 def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
-                    pos_encoding_mode: str, soft_cap: bool, arch: Arch, variant: int | None = None) -> KernelSpec:
+                    pos_encoding_mode: str, soft_cap: bool, arch: Arch, variant: int | None = None,
+                    ctas: int | None = None) -> KernelSpec:
     """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible. ``variant``: FI_MMA_VARIANT
-    (default: mma_variant's choice for the cache dtype)."""
+    (default: mma_variant's choice for the cache dtype); ``ctas``: FI_MMA_CTAS, the most CTAs per
+    SM the kernel's launch bound allows (default 3)."""
     if variant is None:
         variant = mma_variant(kv_dtype)
     extra = {"FI_MMA_VARIANT": variant} if variant else {}
+    if ctas is not None:
+        extra["FI_MMA_CTAS"] = ctas
     if MMA_STAGES:
         extra["FI_MMA_STAGES"] = MMA_STAGES
     if PAGE_AHEAD is not None:
@@ -137,7 +141,10 @@ def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap,
 # 32/8 bf16, tools/ab_decode.py in turns (decode_ab_bf16_ring_short_session10.json): CTAs of
 # 256-272 tokens x1.12-1.26 (b1 x 4096 11.92 -> 10.66 us, b1 x 8192 17.25 -> 13.51, b2 x 4096
 # 16.52 -> 13.26, b4 x 2048 16.40 -> 13.56); CTAs of 1024 tokens or more x0.95-0.99 (b8 x 4096,
-# b32 x 1024, b1 x 32768, b16 x 8192, b32 x 4096), so those keep register tiles.
+# b32 x 1024, b1 x 32768, b16 x 8192, b32 x 4096), so those keep register tiles. Those numbers are
+# the ring at 3 CTAs per SM, whose 168 registers spilled 24 bytes; it is built for 2 (FI_MMA_CTAS,
+# 240 registers, no spills): x1.10-1.17 on the short cases, x1.01 at b8 x 4096
+# (decode_ab_bf16_ring_ctas2_session10.json).
 SHORT_CTA_TOKENS = 512
 
 
@@ -150,7 +157,7 @@ def short_step_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_
     if (kv_dtype in _FP8 or MMA_VARIANT is not None or MMA_AB
             or not _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel)):
         return None
-    return decode_mma_spec(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch, variant=3)
+    return decode_mma_spec(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch, variant=3, ctas=2)
 
 
 def representative_specs(arch: Arch) -> list[KernelSpec]:
@@ -158,4 +165,4 @@ def representative_specs(arch: Arch) -> list[KernelSpec]:
             decode_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
             decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
             decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
-            decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch, variant=3)]
+            decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch, variant=3, ctas=2)]
