@@ -8,7 +8,11 @@ pages) next to the planner's own choice, on the GPU machine:
 Prints one line per shape (batch x kv tokens) and split: work items, chunk, median us. Tells
 whether the planner's cost model (decode/planner.py) picks the fastest chunk for small batches on
 long contexts. Split 0 is ``disable_split_kv`` (one work item per request); other splits that
-would not split a request are skipped.
+would not split a request are skipped. The wrappers are not CUDA-graph ones, so each row runs the
+kernel the wrapper picks for its plan: plans whose work items stream at most
+spec.SHORT_CTA_TOKENS tokens take the shared-memory ring (since session 10; earlier sweep files
+ran register tiles throughout). Short plans run for a few microseconds, so their eager loop also
+includes launch gaps.
 """
 
 from __future__ import annotations
