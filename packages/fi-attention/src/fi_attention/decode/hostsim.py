@@ -61,19 +61,30 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _NOOP_C = "int fi_batch_decode(const void* a, void* s) { (void)a; (void)s; return 0; }\n"
 
 
-def native_noop() -> Optional[ctypes._CFuncPtr]:
-    """``int fi_batch_decode(const void*, void*)`` returning 0, compiled with ``cc``; None
-    without a compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
+def _host_library(compilers: tuple, flags: list, source: str, name: str) -> Optional[ctypes.CDLL]:
+    """``source`` (a file path) built with the first of ``compilers`` on PATH into a shared library
+    ``name``.so and loaded; None without a compiler or when the build fails."""
+    cc = next((c for c in map(shutil.which, compilers) if c), None)
     if cc is None:
         return None
     with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:  # the loaded library outlives its file
-        src, lib = os.path.join(d, "noop.c"), os.path.join(d, "noop.so")
+        lib = os.path.join(d, name + ".so")
+        if subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", lib, source], capture_output=True).returncode:
+            return None
+        return ctypes.CDLL(lib)
+
+
+def native_noop() -> Optional[ctypes._CFuncPtr]:
+    """``int fi_batch_decode(const void*, void*)`` returning 0, compiled with ``cc``; None
+    without a compiler."""
+    with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:
+        src = os.path.join(d, "noop.c")
         with open(src, "w") as f:
             f.write(_NOOP_C)
-        if subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, src], capture_output=True).returncode:
-            return None
-        fn = ctypes.CDLL(lib).fi_batch_decode
+        lib = _host_library(("cc", "gcc"), ["-O2"], src, "noop")
+    if lib is None:
+        return None
+    fn = lib.fi_batch_decode
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]
     return fn
 
@@ -84,18 +95,13 @@ _PLANNER_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_pl
 def native_planner() -> Optional[ctypes._CFuncPtr]:
     """``fi_plan_decode`` of decode_planner.h, built with the system C++ compiler (what every
     decode module exports, without CUDA); None without a compiler."""
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None or PLAN_DECODE_ARGS is None:
+    if PLAN_DECODE_ARGS is None:  # a tree from before the native planner
         return None
-    with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:
-        lib = os.path.join(d, "planner.so")
-        cmd = [cxx, "-O3", "-shared", "-fPIC", "-x", "c++", "-o", lib, _PLANNER_H]
-        if subprocess.run(cmd, capture_output=True).returncode:
-            return None
-        fn = ctypes.CDLL(lib).fi_plan_decode
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p if a == "ptr" else ctypes.c_int64 for a in PLAN_DECODE_ARGS]
-    return fn
+    lib = _host_library(("c++", "g++"), ["-O3", "-x", "c++"], _PLANNER_H, "planner")
+    if lib is None:
+        return None
+    from fi_core.jit import bind_entry  # noqa: PLC0415  (the trees that have the planner have it)
+    return bind_entry(lib.fi_plan_decode, PLAN_DECODE_ARGS)
 
 
 _native_planner = functools.cache(native_planner)  # one build per process

@@ -29,6 +29,14 @@ _CTYPES = {
 ABI_VERSION = 1
 
 
+def bind_entry(cfn, args: Sequence[str]):
+    """Give a ctypes function the C signature of an entry point: ``int`` return, one argument per
+    name of ``args`` (Entry.args: "ptr", "stream", "i32", "i64", ...). Returns ``cfn``."""
+    cfn.restype = ctypes.c_int
+    cfn.argtypes = [_CTYPES[a] for a in args]
+    return cfn
+
+
 class Module:
     """A loaded kernel module. ``module.fn(name)`` (or attribute access) returns a callable that
     launches and raises CudaError on a non-zero return."""
@@ -59,8 +67,7 @@ class Module:
             raise KernelUnavailableError(
                 f"{self.path} does not export {name!r}: is it declared extern \"C\" with FI_EXPORT?"
             ) from None
-        cfn.restype = ctypes.c_int
-        cfn.argtypes = [_CTYPES[a] for a in args]
+        bind_entry(cfn, args)
         error = self.error
 
         def launch(*a):
