@@ -24,25 +24,16 @@ sys.path[:0] = [str(p) for p in sorted(ROOT.glob("packages/*/src"))]
 HQ, HKV, D = 32, 8, 128
 
 
-def _tables(batch, kv_len, page, shuffled):
-    import torch  # noqa: PLC0415
-    pages = -(-kv_len // page)
-    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    order = (torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)) if shuffled
-             else torch.arange(batch * pages))
-    last = torch.full((batch,), kv_len - (pages - 1) * page, dtype=torch.int32)
-    return indptr, order.to(torch.int32), last, batch * pages
-
-
 def _case(batch, kv_len, layout, page, shuffled):
     import torch  # noqa: PLC0415
     from fi_core.bench import rotating_inputs, time_fn  # noqa: PLC0415
     from fi_attention import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+    from fi_attention.bench_decode import uniform_tables  # noqa: PLC0415
     from fi_attention.reference import attention_reference, gather_paged_kv  # noqa: PLC0415
     from fi_core import testing  # noqa: PLC0415
 
     dev = torch.device("cuda")
-    indptr, indices, last, n_pages = _tables(batch, kv_len, page, shuffled)
+    indptr, indices, last, n_pages = uniform_tables(batch, kv_len, page, interleaved=shuffled)
     shape = (n_pages, 2, page, HKV, D) if layout == "NHD" else (n_pages, 2, HKV, page, D)
 
     def make(i):

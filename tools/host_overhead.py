@@ -61,7 +61,8 @@ def _per_call_us(fn, calls: int, repeats: int) -> tuple[float, float]:
 
 
 def _tables(batch, kv_len, seed=0):
-    """bench_decode._tables: uniform requests whose pages interleave."""
+    """bench_decode.uniform_tables: uniform requests whose pages interleave (a copy: --baseline
+    trees predate that function)."""
     import torch  # noqa: PLC0415
     pages = -(-kv_len // PAGE)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages

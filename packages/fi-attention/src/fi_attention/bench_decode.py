@@ -34,13 +34,16 @@ QUICK = {"GQA 32/8 b64 kv4096", "GQA 32/8 b1 kv32768", "fp8e4m3 GQA 32/8 b128 kv
 PAGE, D = 16, 128
 
 
-def _tables(batch, kv_len, dev):
-    pages = -(-kv_len // PAGE)
+def uniform_tables(batch, kv_len, page=PAGE, interleaved=True):
+    """Host page table of ``batch`` requests of ``kv_len`` tokens: (indptr, indices, last_page_len,
+    pages). By default the pages of different requests interleave, as in a serving engine's
+    allocator; ``interleaved=False`` gives each request its pages in order."""
+    pages = -(-kv_len // page)
     indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    # pages of different requests interleave, as in a serving engine's allocator
-    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
-    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32)
-    return indptr, indices, last, batch * pages
+    order = (torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)) if interleaved
+             else torch.arange(batch * pages))
+    last = torch.full((batch,), kv_len - (pages - 1) * page, dtype=torch.int32)
+    return indptr, order.to(torch.int32), last, batch * pages
 
 
 def _ragged_tables(batch, kv_len):
@@ -67,7 +70,7 @@ def _host_times(dev) -> dict:
     """run() host cost on a small batch whose GPU work is shorter than the host work. The planner
     splits its 512 tokens in two (run_host_split), so run() launches the decode and the merge
     kernel; the unsplit plan's run() (one launch) is timed beside it."""
-    indptr, indices, last, n_pages = _tables(1, 512, dev)
+    indptr, indices, last, n_pages = uniform_tables(1, 512)
     cache = torch.randn(n_pages, 2, PAGE, 8, D, device=dev).to(torch.bfloat16)
     q = torch.randn(1, 32, D, device=dev).to(torch.bfloat16)
     out = torch.empty_like(q)
@@ -105,7 +108,7 @@ def batch_decode_routine(args: RoutineArgs):
 
 
 def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> BenchRow:
-    indptr, indices, last, n_pages = _tables(batch, kv_len, dev)
+    indptr, indices, last, n_pages = uniform_tables(batch, kv_len)
     d_indptr, d_indices, d_last = indptr.to(dev), indices.to(dev), last.to(dev)
     fp8 = kv_dtype != torch.bfloat16
     scales = dict(k_scale=0.8, v_scale=1.25) if fp8 else {}
