@@ -4,17 +4,15 @@ pages) next to the planner's own choice, on the GPU machine:
 
     python3 tools/decode_split_sweep.py [--shapes 1x32768,4x16384] [--splits 8,16,21,32,42,64]
                                         [--heads 32/8] [--kv-dtype bf16|e4m3]
-                                        [--short-tokens N]
 
 Prints one line per shape (batch x kv tokens) and split: work items, chunk, median us. Tells
 whether the planner's cost model (decode/planner.py) picks the fastest chunk for small batches on
 long contexts. Split 0 is ``disable_split_kv`` (one work item per request); other splits that
-would not split a request are skipped. The wrappers are not CUDA-graph ones, so each row runs the
-kernel the wrapper picks for its plan: plans whose work items stream at most
-spec.SHORT_CTA_TOKENS tokens take the shared-memory ring (since session 10; earlier sweep files
-ran register tiles throughout). Short plans run for a few microseconds, so their eager loop also
-includes launch gaps. ``--short-tokens N`` moves that threshold for the run (a large N runs the
-ring for every split, 0 never), to measure the ring on longer CTAs.
+would not split a request are skipped. Each row names its kernel: "ring" (the shared-memory ring,
+variant 3) or "tiles" (register tiles). Session 10 sweeps ran the ring for plans of at most 512
+tokens per work item and tiles otherwise (``--short-tokens``, since removed, moved that threshold);
+since session 11 sm_90 runs the ring for every plan. Short plans run for a few microseconds, so
+their eager loop also includes launch gaps.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import argparse
 import torch
 
 from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper
-from fi_attention.decode import spec as decode_spec
 from fi_core.bench import rotating_inputs, time_fn
 
 PAGE, D = 16, 128
@@ -37,12 +34,7 @@ def main() -> int:
     ap.add_argument("--splits", default="8,16,21,32,42,64,128", help="split sizes in pages (0: no split)")
     ap.add_argument("--heads", default="32/8", help="query/kv heads (default %(default)s)")
     ap.add_argument("--kv-dtype", default="bf16", choices=sorted(KV_DTYPES), help="cache dtype")
-    ap.add_argument("--short-tokens", type=int, default=None,
-                    help="plans whose CTAs stream at most this many tokens take the ring kernel "
-                         f"(default spec.SHORT_CTA_TOKENS = {decode_spec.SHORT_CTA_TOKENS})")
     a = ap.parse_args()
-    if a.short_tokens is not None:
-        decode_spec.SHORT_CTA_TOKENS = a.short_tokens
     splits = [int(s) for s in a.splits.split(",")]
     hq, hkv = (int(h) for h in a.heads.split("/"))
     for shape in a.shapes.split(","):

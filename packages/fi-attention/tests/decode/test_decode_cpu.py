@@ -254,30 +254,32 @@ def test_plan_table_validation_fast_and_slow_paths():
     assert w._batch == 2
 
 
-def test_tensor_core_variant_per_cache_dtype():
-    """fp8 caches take the shared-memory ring (variant 3), 16-bit caches the register tiles (0):
-    the choice measured faster for each on the H200; MMA_VARIANT overrides it for A/B runs."""
+def test_tensor_core_variant_per_gpu_and_cache_dtype():
+    """sm_90 streams every cache through the shared-memory ring (variant 3), 16-bit caches at 2
+    CTAs per SM; other GPUs keep register tiles (0) for 16-bit caches and the ring for fp8 (the
+    choices measured faster on the H200); MMA_VARIANT overrides it for A/B runs."""
     import torch  # noqa: PLC0415
 
     from fi_core import Arch  # noqa: PLC0415
     from fi_attention.decode import spec  # noqa: PLC0415
 
-    a = Arch.parse("9.0a")
-
-    def variant(kv, override=None):
+    def build(kv, arch="9.0a", override=None):
         saved = spec.MMA_VARIANT
         spec.MMA_VARIANT = override
         spec.decode_mma_spec.cache_clear()
         try:
-            d = dict(spec.decode_mma_spec(torch.bfloat16, kv, 128, 4, "NONE", False, a).defines)
+            d = dict(spec.decode_mma_spec(torch.bfloat16, kv, 128, 4, "NONE", False, Arch.parse(arch)).defines)
         finally:
             spec.MMA_VARIANT = saved
             spec.decode_mma_spec.cache_clear()
-        return int(d.get("FI_MMA_VARIANT", 0))
+        return int(d.get("FI_MMA_VARIANT", 0)), int(d.get("FI_MMA_CTAS", 3))
 
-    assert variant(torch.bfloat16) == 0 and variant(torch.float8_e4m3fn) == 3
-    assert variant(torch.float8_e5m2) == 3
-    assert variant(torch.float8_e4m3fn, override=0) == 0 and variant(torch.bfloat16, override=3) == 3
+    e4, e5, bf = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+    assert build(bf) == (3, spec.RING_16BIT_CTAS) == (3, 2)
+    assert build(e4) == build(e5) == (3, 3)
+    assert build(bf, "8.0") == build(bf, "8.9") == (0, 3) and build(e4, "8.9") == (3, 3)
+    assert build(e4, override=0) == (0, 3) and build(bf, "8.0", override=3) == (3, 2)
+    assert build(bf, override=0) == (0, 3)
 
 
 def test_mma_ab_switches_name_and_define_the_module(monkeypatch):

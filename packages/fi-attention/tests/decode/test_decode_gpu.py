@@ -15,7 +15,7 @@ from fi_attention import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDeco
                           single_decode_with_kv_cache)
 from fi_attention.decode import batch as decode_batch
 from fi_attention.decode import spec as decode_spec
-from fi_attention.decode.spec import select_spec, short_step_spec
+from fi_attention.decode.spec import select_spec
 from fi_attention.reference import attention_reference, batch_decode_reference, gather_paged_kv
 
 pytestmark = testing.gpu_only()
@@ -39,8 +39,6 @@ def _prebuild_modules():
     cases += [(q, kv, 128, 4, "NONE", False) for q in (bf, hf) for kv in (e4, e5)]
     specs = {select_spec(q, kv, d, g, pos, cap, arch, kernel)
              for q, kv, d, g, pos, cap in cases for kernel in ("tensor-core", "cuda-core")}
-    specs |= {sp for q, kv, d, g, pos, cap in cases for kernel in ("auto", "tensor-core")
-              if (sp := short_step_spec(q, kv, d, g, pos, cap, arch, kernel)) is not None}
     build_many(sorted(specs, key=lambda sp: sp.name))
 
 
@@ -396,14 +394,17 @@ def test_module_planner_makes_the_python_planners_plans(backend):
         assert np.array_equal(got.packed, want.packed)
 
 
-@pytest.mark.parametrize("lens,short", [([4096], True), ([32768], False), ([300, 200, 100, 77], True),
-                                         ([4096] * 64, False)], ids=["b1k4", "b1k32", "ragged_short", "b64k4"])
-def test_short_steps_take_the_ring_kernel(lens, short):
-    # plans whose CTAs stream <= spec.SHORT_CTA_TOKENS tokens run the 16-bit cache on the
-    # shared-memory ring; both kernels match the reference
+@pytest.mark.parametrize("lens", [[4096], [32768], [300, 200, 100, 77], [4096] * 64],
+                         ids=["b1k4", "b1k32", "ragged_short", "b64k4"])
+def test_sm90_streams_16bit_caches_through_the_ring(lens):
+    # on sm_90 the default tensor-core module of a 16-bit cache is the shared-memory ring built
+    # for 2 CTAs per SM (spec.RING_16BIT_CTAS), for short and long plans alike (CUDA-graph
+    # wrappers load modules the same way); elsewhere register tiles at 3
+    sm90 = arch_of(torch.device(DEV)).major >= 9
     out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128)
-    assert (w._plan.cta_tokens <= decode_spec.SHORT_CTA_TOKENS) == short, w._plan
-    assert w._kernel_name.endswith("_mma_variant3") == short, w._kernel_name
+    assert w._kernel_name.endswith("_mma_ctas2_mma_variant3") == sm90, w._kernel_name
+    (o,) = w._options.values()
+    assert o.kernel[3] == (decode_spec.RING_16BIT_CTAS if sm90 else 3)  # resident CTAs per SM
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
@@ -445,13 +446,15 @@ def test_run_after_switching_cache_refreshes_the_arguments():
         testing.assert_close(out, ro, dtype=torch.bfloat16)
 
 
-# Variant 3 of the tensor-core kernel (FI_MMA_VARIANT=3: a per-warp cp.async ring in shared
-# memory) is a tuning build that the default path does not use; the bench option mma_variant=3
-# times it. These cases build it (default ring depth, and 1 slot per warp) and check it against
-# the reference: every KV layout of the ring (16-bit/fp8 x head_dim 64/128, so 256-, 128- and
+# The default path builds one variant of the tensor-core kernel per GPU and cache (spec.mma_variant:
+# sm_90 streams every cache through the per-warp cp.async ring in shared memory, FI_MMA_VARIANT=3;
+# other GPUs keep register tiles, variant 0, for 16-bit caches). These cases build the variants
+# explicitly (the ring at its default depth and at 1 slot per warp, and register tiles) and check
+# them against the reference: every KV layout (16-bit/fp8 x head_dim 64/128, so 256-, 128- and
 # 64-byte rows), 1/4/8 query heads per CTA, soft cap with ALiBi, a window, page sizes 1/5/16,
 # and lengths around the ring's edges (a warp takes 16 tokens per slot, 64 per round of 4 warps;
-# the default ring is 2 slots at bf16 d128 up to 6 at fp8 d64) plus split requests.
+# the default ring is 2 slots at bf16 d128 up to 6 at fp8 d64; fp8 register tiles take 32 tokens
+# per step) plus split requests.
 _BF, _HF, _E4, _E5 = torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
 RING_CASES = [  # (id, q dtype, kv dtype, head_dim, hq, hkv, page size, plan options)
     ("bf16_d128_gh4", _BF, _BF, 128, 32, 8, 16, {}),
@@ -464,32 +467,32 @@ RING_CASES = [  # (id, q dtype, kv dtype, head_dim, hq, hkv, page size, plan opt
 RING_LENS = [1, 15, 16, 17, 63, 64, 65, 129, 257, 520, 1031, 6000]
 
 
-@pytest.fixture(params=[0, 1], ids=["stages_default", "stages_1"])
-def mma_ring_variant(request):
-    """Builds select the variant-3 modules while the test runs (the module cache of the wrapper is
-    keyed without the variant, so it is emptied on both sides)."""
+@pytest.fixture(params=[(3, 0), (3, 1), (0, 0)], ids=["ring", "ring_stages_1", "register_tiles"])
+def mma_variant(request):
+    """Builds select the given (variant, ring slots) modules while the test runs (the module
+    cache of the wrapper is keyed on spec.py's switches, and emptied on both sides)."""
     saved = decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES
-    decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES = 3, request.param
+    decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES = request.param
     decode_spec.decode_mma_spec.cache_clear()
     decode_batch._MODULE_CACHE.clear()
     arch = arch_of(torch.device(DEV))
     build_many(sorted({decode_spec.decode_mma_spec(q, kv, d, hq // hkv, kw.get("pos_encoding_mode", "NONE"),
                                                    "logits_soft_cap" in kw, arch)
                        for _, q, kv, d, hq, hkv, _, kw in RING_CASES}, key=lambda sp: sp.name))
-    yield request.param
+    yield request.param[0]
     decode_spec.MMA_VARIANT, decode_spec.MMA_STAGES = saved
     decode_spec.decode_mma_spec.cache_clear()
     decode_batch._MODULE_CACHE.clear()
 
 
 @pytest.mark.parametrize("case", RING_CASES, ids=[c[0] for c in RING_CASES])
-def test_mma_ring_variant(case, mma_ring_variant):
+def test_mma_variants(case, mma_variant):
     _, q_dtype, kv_dtype, d, hq, hkv, ps, plan_kw = case
     run_kw = dict(k_scale=0.5, v_scale=2.0) if kv_dtype in (_E4, _E5) else {}
     for split in (dict(fixed_split_size=7), {}):
         out, lse, ro, rl, w = run_decode(RING_LENS, ps, hq, hkv, d, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                          plan_kw={**plan_kw, **split}, run_kw=run_kw,
                                          ref_kw={**plan_kw, **run_kw}, backend="tensor-core")
-        assert "mma_variant3" in w._kernel_name
+        assert ("mma_variant3" in w._kernel_name) == (mma_variant == 3), w._kernel_name
         testing.assert_close(out, ro, dtype=q_dtype, msg=f"{split}: ")
         testing.assert_close(lse, rl, **LSE_TOL)

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, device_info, knobs, load_many
+from fi_core import arch_of, device_info, knobs, load
 from fi_core.dtypes import parse as parse_dtype
 from fi_core.errors import InputError, InputTypeError
 
@@ -33,7 +33,7 @@ from .launch import (OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OF
                      page_shift, raw_stream)
 from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
-from .spec import heads_per_cta, select_spec, short_step_spec
+from .spec import heads_per_cta, select_spec
 from .staging import MetadataStaging
 from .tables import host_tables, request_lengths
 
@@ -273,32 +273,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._planned = True
 
     def _decode_module(self, o: _Options) -> tuple:
-        """(kernel name, module, launcher, CTAs per SM, SMs, short-CTA kernel (name, module,
-        launcher) or None): spec hashing, module loads and the occupancy query, once per
-        signature."""
+        """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, the module load and the
+        occupancy query, once per signature."""
         dev = self._device
         # the tuning values of spec.py (bench A/B options) are part of the module's identity
         key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
                _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD, tuple(sorted(_spec.MMA_AB.items())))
-        key += (self._use_cuda_graph,)
         mk = _MODULE_CACHE.get(key)
         if mk is None:
             args = (o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev), self._kernel)
             spec = select_spec(*args)
-            # The module for short CTAs (spec.SHORT_CTA_TOKENS) is built with the main one, so no
-            # later plan() compiles. CUDA-graph wrappers keep one kernel: a captured graph replays
-            # the kernel it captured whatever the later plans.
-            short = None if self._use_cuda_graph else short_step_spec(*args)
-            mods = load_many([spec] if short is None else [spec, short])
-            mod = mods[0]
+            mod = load(spec)
             sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
-            alt = None if short is None else (short.name, mods[1], mods[1].fn("fi_batch_decode").raw)
-            mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm, alt)
+            mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm)
         return mk
 
     def _plan_cuda(self, o: _Options, indptr, indices, last_page_len, lens, fixed_split_size,
                    disable_split_kv, non_blocking):
-        self._kernel_name, self._mod, launch, ctas, sm, short = o.kernel
+        self._kernel_name, self._mod, launch, ctas, sm = o.kernel
         graph = self._use_cuda_graph
         B = self._batch
         if graph and self._capacity is None:
@@ -320,8 +312,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                        capacity)
             else:
                 plan = planner(self._h_indptr, self._h_last, disable_split_kv, fixed, capacity)
-        if short is not None and plan.cta_tokens <= _spec.SHORT_CTA_TOKENS:
-            self._kernel_name, self._mod, launch = short  # the same plan, the ring kernel (spec.py)
         # Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]. In
         # CUDA-graph mode the lse offset is sized for the capacity so that it never moves.
         cap = capacity if graph else plan.num_items

@@ -49,12 +49,13 @@ static_assert(GH >= 1 && GH <= 8, "at most 8 query heads per CTA (MMA rows 0..7)
 
 constexpr bool KV8 = sizeof(KVT) == 1;
 using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
-// How K/V reach the registers (spec.py picks per cache dtype from H200 measurements; the decode
-// bench routine's option mma_variant=N builds the other one for A/B runs):
+// How K/V reach the registers (spec.py picks from H200 measurements; the decode bench routine's
+// option mma_variant=N builds the other one for A/B runs):
 //   0  register tiles: one 16-token tile (two for fp8) per warp iteration, loads issued before any
-//      use (16-bit caches: 1002 us vs 1106 us for 3 at b128 x kv8192);
+//      use (16-bit caches on GPUs other than sm_90);
 //   3  a per-warp cp.async ring of STAGES one-tile slots in shared memory, the next STAGES tiles in
-//      flight while the warp computes the current one (fp8 caches: 548 us vs 638 us for 0).
+//      flight while the warp computes the current one (fp8 caches: 548 us vs 638 us for 0; on
+//      sm_90 16-bit caches too, at 2 CTAs per SM: x1.016-1.036 over 0 on every swept batch).
 // Numbers 1 (an L2 bulk prefetch of the next tile) and 2 (two 16-bit tiles per iteration at 2 CTAs
 // per SM) were measured slower for both dtypes and removed; their results stay in
 // benchmarks/results/h200/BatchDecodeWithPagedKVCacheWrapper_ab_*.json.
@@ -113,9 +114,8 @@ struct MergeSmem {  // the epilogue's exchange of the NW warp states
 };
 constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variant 0 uses static arrays only)
     VARIANT != 3 ? 0 : RING_BYTES > int(sizeof(MergeSmem)) ? RING_BYTES : int(sizeof(MergeSmem));
-// FI_MMA_CTAS CTAs (4 warps each) per SM at most: 3 by default. The ring on a 16-bit cache, which
-// serves short plans (spec.SHORT_CTA_TOKENS, few CTAs per SM), is built with 2: at 3 its 168
-// registers spilled 24 bytes. Variant 3 also needs its shared memory per CTA: an sm_90 SM has
+// FI_MMA_CTAS CTAs (4 warps each) per SM at most: 3 by default. The ring on a 16-bit cache is
+// built with 2 (spec.RING_16BIT_CTAS): at 3 its 168 registers spilled 24 bytes. Variant 3 also needs its shared memory per CTA: an sm_90 SM has
 // 228 KB, 1 KB of it reserved per CTA (the launch bound only caps registers; the planner reads
 // the residency from the occupancy query).
 #ifndef FI_MMA_CTAS

@@ -97,11 +97,6 @@ class DecodePlan(NamedTuple):
     packed: np.ndarray
     longest: int = 0          # tokens of the longest request
 
-    @property
-    def cta_tokens(self) -> int:
-        """Most tokens one work item streams: the chunk, or the longest request when unsplit."""
-        return self.chunk or self.longest
-
 
 def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
     """Token count of each request: ``(pages - 1) * page_size + last_page_len`` (0 without pages)."""

@@ -28,20 +28,33 @@ PAGE_AHEAD = None
 MMA_AB: dict = {}
 # Measured on the H200 (GQA 32/8, b128 x kv8192, 2026-11-30): fp8 e4m3 KV 547.9 us with the shared-
 # memory ring (variant 3) against 638.2 us with register tiles (variant 0); bf16 KV 1105.8 us against
-# 1002.5 us, so 16-bit caches keep variant 0. Session 9, with whole-line ring copies (decode_mma.cu):
+# 1002.5 us, so 16-bit caches kept variant 0. Session 9, with whole-line ring copies (decode_mma.cu):
 # bf16 on the ring 1020.4 us against 983.4 for variant 0 in the same run (decode_ab_copy_session9.json).
+# Those rings on 16-bit caches ran 3 CTAs per SM at 168 registers (spilling). Session 11: the ring
+# built for 2 CTAs per SM (FI_MMA_CTAS=2: 240 registers, no spills), each kernel under the planner's
+# plan for its own residency, in turns (tools/ab_decode.py, decode_ab_ring_ctas2_long_session11.json):
+# b1 x 32768 40.03 -> 38.73 us, b16 x 8192 131.08 -> 127.00, b64 x 4096 248.73 -> 242.52, b128 x 8192
+# 971.42 -> 945.77, b256 x 2048 486.96 -> 477.93, b32 x 4096 130.16 -> 125.53, b8 x 4096 39.62 -> 39.32
+# (session 10 had measured it only on short steps: x1.10-1.17). So sm_90 streams every cache through
+# the ring. Other GPUs keep register tiles for 16-bit caches: not measured there, and the 64 KB ring
+# of a bf16 head_dim-128 CTA would leave an sm_86 / sm_89 SM (100 KB of shared memory) one CTA.
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # fi_plan_decode (decode_planner.h, host code in every decode module): config, indptr, last_page_len,
 # batch, fixed_chunk, disable_split, capacity, out, out_len, info.
 PLAN_DECODE_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i64", "ptr")
 
 
-def mma_variant(kv_dtype: torch.dtype) -> int:
-    """The tensor-core kernel variant for a cache dtype: MMA_VARIANT if set, else the ring (3) for
-    fp8 caches and register tiles (0) for 16-bit ones."""
+def mma_variant(kv_dtype: torch.dtype, arch: Arch) -> int:
+    """The tensor-core kernel variant: MMA_VARIANT if set, else the ring (3) for fp8 caches and
+    on sm_90, register tiles (0) for 16-bit caches elsewhere."""
     if MMA_VARIANT is not None:
         return MMA_VARIANT
-    return 3 if kv_dtype in _FP8 else 0
+    return 3 if kv_dtype in _FP8 or arch.major >= 9 else 0
+
+
+# CTAs per SM (FI_MMA_CTAS) of the ring on a 16-bit cache: at the source's default of 3 its 168
+# registers spilled 24 bytes (see the history above); fp8 caches and register tiles keep 3.
+RING_16BIT_CTAS = 2
 
 
 def heads_per_cta(group: int) -> int:
@@ -105,10 +118,12 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
                     pos_encoding_mode: str, soft_cap: bool, arch: Arch, variant: int | None = None,
                     ctas: int | None = None) -> KernelSpec:
     """Tensor-core kernel (decode_mma.cu): see tensor_core_eligible. ``variant``: FI_MMA_VARIANT
-    (default: mma_variant's choice for the cache dtype); ``ctas``: FI_MMA_CTAS, the most CTAs per
-    SM the kernel's launch bound allows (default 3)."""
+    (default: mma_variant's choice); ``ctas``: FI_MMA_CTAS, the most CTAs per SM the kernel's launch
+    bound allows (default: RING_16BIT_CTAS for the ring on a 16-bit cache, else the source's 3)."""
     if variant is None:
-        variant = mma_variant(kv_dtype)
+        variant = mma_variant(kv_dtype, arch)
+    if ctas is None and variant == 3 and kv_dtype not in _FP8:
+        ctas = RING_16BIT_CTAS
     extra = {"FI_MMA_VARIANT": variant} if variant else {}
     if ctas is not None:
         extra["FI_MMA_CTAS"] = ctas
@@ -135,34 +150,8 @@ def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap,
     return make(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch)
 
 
-# Short decode steps: a plan whose CTAs stream at most SHORT_CTA_TOKENS tokens each runs a 16-bit
-# cache on the shared-memory ring (variant 3, three tiles per warp in flight from the start)
-# instead of register tiles, which reach their steady state only after a few tiles. H200, GQA
-# 32/8 bf16, tools/ab_decode.py in turns (decode_ab_bf16_ring_short_session10.json): CTAs of
-# 256-272 tokens x1.12-1.26 (b1 x 4096 11.92 -> 10.66 us, b1 x 8192 17.25 -> 13.51, b2 x 4096
-# 16.52 -> 13.26, b4 x 2048 16.40 -> 13.56); CTAs of 1024 tokens or more x0.95-0.99 (b8 x 4096,
-# b32 x 1024, b1 x 32768, b16 x 8192, b32 x 4096), so those keep register tiles. Those numbers are
-# the ring at 3 CTAs per SM, whose 168 registers spilled 24 bytes; it is built for 2 (FI_MMA_CTAS,
-# 240 registers, no spills): x1.10-1.17 on the short cases, x1.01 at b8 x 4096
-# (decode_ab_bf16_ring_ctas2_session10.json).
-SHORT_CTA_TOKENS = 512
-
-
-def short_step_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
-                    kernel: str = "auto") -> KernelSpec | None:
-    """The module for plans of short CTAs (see SHORT_CTA_TOKENS), or None where select_spec's
-    module serves them too: caches other than 16-bit, the CUDA-core kernel, and A/B builds
-    (MMA_VARIANT / MMA_AB set)."""
-    gh = heads_per_cta(group)
-    if (kv_dtype in _FP8 or MMA_VARIANT is not None or MMA_AB
-            or not _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel)):
-        return None
-    return decode_mma_spec(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch, variant=3, ctas=2)
-
-
 def representative_specs(arch: Arch) -> list[KernelSpec]:
     return [decode_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
             decode_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
             decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch),
-            decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch),
-            decode_mma_spec(torch.bfloat16, torch.bfloat16, 128, 4, "NONE", False, arch, variant=3, ctas=2)]
+            decode_mma_spec(torch.bfloat16, torch.float8_e4m3fn, 128, 4, "NONE", False, arch)]
