@@ -9,12 +9,14 @@ are timed in turns (tools/ab_common.py), so clock and power drift hit them alike
 Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
 32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), b256 (256 x 2048), fp8 (128 x 8192,
 e4m3 cache): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2, b8k4,
-b32k1, b32k4 (bBATCHkKV/1024): short decode steps.
+b32k1, b32k4 (bBATCHkKV/1024): short decode steps; mha (64 x 4096, MHA 32/32).
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
 with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3. One name
-is not a define: SPLIT=N plans that build with ``fixed_split_size=N`` pages, SPLIT=0 with
-``disable_split_kv`` (one work item per request), instead of the planner's choice.
+are not defines: SPLIT=N plans that build with ``fixed_split_size=N`` pages, SPLIT=0 with
+``disable_split_kv`` (one work item per request), instead of the planner's choice; TC=1 builds the
+wrapper with ``use_tensor_cores=True`` (the tensor-core kernel where "auto" takes the CUDA-core one:
+one query head per KV head).
 ``--build-only`` compiles the modules the builds need for sm_90a and exits (a kernel cache that
 travels to the GPU machine). Every build's output must match the first build's, and the first
 build's output the reference on a few requests.
@@ -34,17 +36,26 @@ CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16
          "fp8": (128, 8192, torch.float8_e4m3fn),
          # short decode steps (small batches, short contexts), named bBATCHkKV/1024
          "b1k4": (1, 4096, torch.bfloat16), "b1k8": (1, 8192, torch.bfloat16), "b4k2": (4, 2048, torch.bfloat16),
-         "b8k4": (8, 4096, torch.bfloat16), "b32k1": (32, 1024, torch.bfloat16), "b32k4": (32, 4096, torch.bfloat16)}
+         "b8k4": (8, 4096, torch.bfloat16), "b32k1": (32, 1024, torch.bfloat16), "b32k4": (32, 4096, torch.bfloat16),
+         # (batch, kv, cache dtype[, q heads, kv heads])
+         "mha": (64, 4096, torch.bfloat16, 32, 32)}
 NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 
 
-def parse_build(text: str) -> tuple[dict, dict]:
-    """-DFI_NAME=N defines of a build (spec.MMA_AB form) and its plan() options (SPLIT)."""
+def parse_build(text: str) -> tuple[dict, dict, dict]:
+    """-DFI_NAME=N defines of a build (spec.MMA_AB form), its plan() options (SPLIT) and its
+    wrapper options (TC)."""
     sw = parse_switches(text)
     split = sw.pop("SPLIT", None)
     plan = {} if split is None else {"disable_split_kv": True} if split == 0 else {"fixed_split_size": split}
-    return {f"FI_{name}": v for name, v in sw.items()}, plan
+    wrapper = {"use_tensor_cores": bool(sw.pop("TC"))} if "TC" in sw else {}
+    return {f"FI_{name}": v for name, v in sw.items()}, plan, wrapper
+
+
+def case_heads(name: str) -> tuple[int, int]:
+    """(q heads, kv heads) of a case."""
+    return tuple(CASES[name][3:5]) or (HQ, HKV)
 
 
 class use_build:
@@ -93,11 +104,13 @@ def main() -> int:
         from fi_attention.decode.spec import select_spec  # noqa: PLC0415
 
         specs = {}
-        for sw, _ in builds.values():
+        for sw, _, wrapper_opts in builds.values():
             with use_build(sw):
                 for n in names:
-                    s = select_spec(torch.bfloat16, CASES[n][2], D, HQ // HKV, "NONE", False, Arch.parse("9.0a"),
-                                    "auto")
+                    hq, hkv = case_heads(n)
+                    kernel = "tensor-core" if wrapper_opts.get("use_tensor_cores") else "auto"
+                    s = select_spec(torch.bfloat16, CASES[n][2], D, hq // hkv, "NONE", False, Arch.parse("9.0a"),
+                                    kernel)
                     specs[s.name] = s
         build_many(list(specs.values()))
         print(f"built {len(specs)} modules: {' '.join(specs)}")
@@ -107,21 +120,22 @@ def main() -> int:
     graphs, calls, refs, keep = {}, {}, {}, []
     rate = {}
     for n in names:
-        batch, kv_len, kv_dtype = CASES[n]
+        batch, kv_len, kv_dtype = CASES[n][:3]
+        hq, hkv = case_heads(n)
         indptr, indices, last = tables(batch, kv_len)
         g = torch.Generator(device=dev).manual_seed(1)
-        cache = torch.randn(indices.numel(), 2, PAGE, HKV, D, device=dev, generator=g).to(kv_dtype)
-        q = torch.randn(batch, HQ, D, device=dev, generator=g).to(torch.bfloat16)
+        cache = torch.randn(indices.numel(), 2, PAGE, hkv, D, device=dev, generator=g).to(kv_dtype)
+        q = torch.randn(batch, hq, D, device=dev, generator=g).to(torch.bfloat16)
         scales = dict(k_scale=0.8, v_scale=1.25) if kv_dtype != torch.bfloat16 else {}
-        rate[n] = (batch * kv_len * HKV * D * 2 * cache.element_size()) / 1e6
-        for b, (sw, plan_opts) in builds.items():
+        rate[n] = (batch * kv_len * hkv * D * 2 * cache.element_size()) / 1e6
+        for b, (sw, plan_opts, wrapper_opts) in builds.items():
             w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
                 torch.empty(128 << 20, dtype=torch.uint8, device=dev), indptr.to(dev), indices.to(dev),
-                last.to(dev))
+                last.to(dev), **wrapper_opts)
             with use_build(sw):
-                w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
+                w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
                        **plan_opts)
-            out = torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=dev)
+            out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
             w.run(q, cache, out=out, **scales)
             torch.cuda.synchronize()
             if n in refs:  # every build must agree with the first
