@@ -8,7 +8,8 @@ Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (f
 for the decode cases, DECODE_AB=NAME=N,... in the environment builds -DFI_NAME=N),
 prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
-single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N), segment_lora (segment
+single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
+prefill_fa2_causal (the portable fa2 kernel on the same L=8192 causal prefill), segment_lora (segment
 GEMM, 8 segments x 512 rows, 4096 -> 16), gemv_m16 (mm_bf16 M=16, N=K=4096), sdpa_b128 (torch SDPA on
 decode b128's contiguous K/V), stream_read (torch sum over 4.3 GB, a plain read). Each call is checked
 nowhere: the bench routines and GPU tests check these shapes; this script only launches them.
@@ -69,8 +70,9 @@ def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
     return lambda: w.run(q, k, v)
 
 
-def _prefill_single(length, causal, hq=32, hkv=8, d=128):
-    """fa3 single prefill; FA3_VARIANT=N in the environment builds the kernel with FI_FA3_VARIANT=N."""
+def _prefill_single(length, causal, hq=32, hkv=8, d=128, backend="fa3"):
+    """Single prefill (fa3, or the portable fa2 kernel); FA3_VARIANT=N in the environment builds the
+    fa3 kernel with FI_FA3_VARIANT=N."""
     import os  # noqa: PLC0415
 
     from fi_attention.prefill import single_prefill_with_kv_cache  # noqa: PLC0415
@@ -81,7 +83,7 @@ def _prefill_single(length, causal, hq=32, hkv=8, d=128):
     q = torch.randn(length, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(length, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    return lambda: single_prefill_with_kv_cache(q, k, v, causal=causal, backend="fa3")
+    return lambda: single_prefill_with_kv_cache(q, k, v, causal=causal, backend=backend)
 
 
 def _segment_lora(segs=8, rows=512, d_in=4096, d_out=16):
@@ -128,6 +130,7 @@ CASES = {
     "prefill_ragged": _prefill_ragged,
     "prefill_full": lambda: _prefill_single(4096, causal=False),
     "prefill_causal": lambda: _prefill_single(8192, causal=True),
+    "prefill_fa2_causal": lambda: _prefill_single(8192, causal=True, backend="fa2"),
     "segment_lora": _segment_lora,
     "gemv_m16": _gemv_m16,
     "sdpa_b128": _sdpa_b128,

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Interleaved A/B timing of builds of the portable (fa2) prefill kernel in one process on the GPU,
+as tools/ab_fa3.py does for the Hopper kernel: every build is loaded into one process and the builds
+are timed in turns (CUDA graphs of a few calls, median over rounds), so clock and power drift hit
+them alike.
+
+    python3 tools/ab_fa2.py [--rounds 7] [--cases single16k,single4k] BUILD ...
+
+Cases (GQA 32/8, bf16, head_dim 128, single prefill through ``backend="fa2"``, causal unless named
+full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
+BatchPrefillWithRaggedKVCacheWrapper).
+
+BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
+commit's, unpacked with ``git show``), built under its own module name. ``--build-only`` compiles
+the modules for sm_90a and exits. Every build's output must match the first build's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+
+from ab_common import arg_parser, measure
+
+HQ, HKV, D = 32, 8, 128
+NOTE = ("fixed inputs, CUDA graphs of 5 calls, builds timed in turns; paired_speedup = median over "
+        "rounds of t(first build) / t(build)")
+
+
+def spec_factory(build: str):
+    """A replacement for prefill.spec.fa2_spec that returns the given build's module spec."""
+    from fi_attention.prefill import spec as ps  # noqa: PLC0415
+
+    if build == "0":
+        return ps.fa2_spec
+    path = Path(build).resolve()
+    tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
+
+    def make(*args, **kw):
+        s = ps.fa2_spec(*args, **kw)
+        return dataclasses.replace(s, name=f"{s.name}_{tag}", sources=(path,))
+    return make
+
+
+class use_build:
+    """Points the fa2 launcher's spec lookup at a build inside the block. Schedules (plans and
+    their device copies) are shared by the builds: they depend on the CTA rows and the resident
+    CTAs per SM, which the builds compared here keep."""
+
+    def __init__(self, build: str):
+        self.make = spec_factory(build)
+
+    def __enter__(self):
+        from fi_attention.prefill import launch  # noqa: PLC0415
+
+        self.saved = launch.fa2_spec
+        launch.fa2_spec = self.make
+
+    def __exit__(self, *exc):
+        from fi_attention.prefill import launch  # noqa: PLC0415
+
+        launch.fa2_spec = self.saved
+
+
+SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
+
+
+def cases(names, dev):
+    """name -> (flops, make(build) -> fn returning the output) with inputs allocated once."""
+    from fi_core import testing  # noqa: PLC0415
+    from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper, single_prefill_with_kv_cache  # noqa: PLC0415
+
+    out = {}
+    bf16 = torch.bfloat16
+    for name in names:
+        if name in SINGLES:
+            L, causal = SINGLES[name], not name.startswith("full")
+            q = testing.randn((L, HQ, D), bf16, dev, seed=1)
+            k = testing.randn((L, HKV, D), bf16, dev, seed=2)
+            v = testing.randn((L, HKV, D), bf16, dev, seed=3)
+
+            def make(build, q=q, k=k, v=v, causal=causal):
+                def fn():
+                    with use_build(build):
+                        return single_prefill_with_kv_cache(q, k, v, causal=causal, backend="fa2")
+                return fn
+            flops = 4.0 * L * L * HQ * D / (2 if causal else 1)
+        elif name == "ragged":
+            batch, L = 16, 2048
+            q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
+            k = testing.randn((batch * L, HKV, D), bf16, dev, seed=5)
+            v = testing.randn((batch * L, HKV, D), bf16, dev, seed=6)
+            o = torch.empty_like(q)
+            indptr = torch.arange(batch + 1, dtype=torch.int32) * L
+
+            def make(build, q=q, k=k, v=v, o=o, indptr=indptr):
+                w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device=dev),
+                                                         backend="fa2")
+                with use_build(build):
+                    w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=bf16)
+
+                def fn():
+                    with use_build(build):
+                        return w.run(q, k, v, out=o)
+                return fn
+            flops = batch * 4.0 * L * L * HQ * D / 2
+        else:
+            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged'])}")
+        out[name] = (flops, make)
+    return out
+
+
+def main() -> int:
+    ap = arg_parser(__doc__, rounds=7, cases="single16k,single4k,ragged", warmup_s=3.0)
+    ap.add_argument("--calls", type=int, default=5, help="calls per graph replay")
+    args = ap.parse_args()
+
+    from fi_core import Arch  # noqa: PLC0415
+    from fi_core.jit import build_many  # noqa: PLC0415
+
+    if args.build_only:
+        arch = Arch.parse("9.0a")
+        specs = [spec_factory(b)(torch.bfloat16, D, D, False, arch) for b in args.builds]
+        build_many(specs)
+        print(f"built {len(specs)} modules: {' '.join(s.name for s in specs)}")
+        return 0
+
+    dev = torch.device("cuda")
+    names = args.cases.split(",")
+    work = cases(names, dev)
+    graphs, refs, keep = {}, {}, []
+    for b in args.builds:
+        for name, (_flops, make) in work.items():
+            fn = make(b)
+            o = fn()  # load + warm up outside the capture
+            torch.cuda.synchronize()
+            if name in refs:  # every build must agree with the first (same math, same inputs)
+                err = (o.float() - refs[name]).abs().max().item()
+                if not err < 2e-2:
+                    raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: {err:.3e}")
+            else:
+                refs[name] = o.float().clone()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(args.calls):
+                    fn()
+            graphs[(name, b)] = g
+            keep.append(fn)
+    measure(args, graphs, {key: args.calls for key in graphs}, names, {n: work[n][0] / 1e6 for n in names},
+            "tflop_s", "TF/s", 10, "ab_fa2.py", "fa2", NOTE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
