@@ -115,9 +115,9 @@ struct MergeSmem {  // the epilogue's exchange of the NW warp states
 constexpr int SMEM_BYTES =  // dynamic shared memory per CTA (variant 0 uses static arrays only)
     VARIANT != 3 ? 0 : RING_BYTES > int(sizeof(MergeSmem)) ? RING_BYTES : int(sizeof(MergeSmem));
 // FI_MMA_CTAS CTAs (4 warps each) per SM at most: 3 by default. The ring on a 16-bit cache is
-// built with 2 (spec.RING_16BIT_CTAS): at 3 its 168 registers spilled 24 bytes. Variant 3 also needs its shared memory per CTA: an sm_90 SM has
-// 228 KB, 1 KB of it reserved per CTA (the launch bound only caps registers; the planner reads
-// the residency from the occupancy query).
+// built with 2 (spec.RING_16BIT_CTAS): at 3 its 168 registers spilled 24 bytes. Variant 3 also
+// needs its shared memory per CTA: an sm_90 SM has 228 KB, 1 KB of it reserved per CTA (the launch
+// bound only caps registers; the planner reads the residency from the occupancy query).
 #ifndef FI_MMA_CTAS
 #define FI_MMA_CTAS 3
 #endif

@@ -16,7 +16,7 @@ _HERE = Path(__file__).resolve().parent
 POS_CODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 HEAD_DIMS = (64, 128, 256)
 # Memory-parallelism variant of the tensor-core kernel (FI_MMA_VARIANT in decode_mma.cu) and the
-# ring depth of variant 3 (FI_MMA_STAGES, 0 = sized by the source). None = per cache dtype (see
+# ring depth of variant 3 (FI_MMA_STAGES, 0 = sized by the source). None = per GPU and cache dtype (see
 # mma_variant). Changed only by the decode bench routine (options mma_variant=N, mma_stages=N) for
 # A/B runs and by the GPU tests of the variants.
 MMA_VARIANT = None
