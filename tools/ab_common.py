@@ -1,5 +1,6 @@
-"""What the interleaved A/B tools (ab_fa3.py, ab_gemv.py) share: timing captured CUDA graphs of
-every (case, build) in turns, the per-case report, and the JSON form tools/bench_summary.py renders.
+"""What the interleaved A/B tools (ab_fa3.py, ab_fa2.py, ab_gemv.py, ab_decode.py) share: checking
+and capturing each (case, build), timing the captured CUDA graphs in turns, the per-case report,
+and the JSON form tools/bench_summary.py renders.
 
 Separate bench processes drift by several per cent on the lent H200, more than the changes being
 compared; builds replayed in alternating order within one process see the same drift.
@@ -29,6 +30,26 @@ def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float) -> argparse.A
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
     return ap
+
+
+def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: float = 2e-2):
+    """A CUDA graph of ``calls`` runs of one (case, build). ``run()`` launches the case and returns
+    its output; the first call (outside the capture: it loads the module) must match the first
+    build's output of the case within ``tol`` (same math on the same inputs), or the tool stops."""
+    out = run()
+    torch.cuda.synchronize()
+    if name in refs:
+        first, ref = refs[name]
+        err = (out.float() - ref).abs().max().item()
+        if not err < tol:
+            raise SystemExit(f"build {build} differs from build {first} on {name}: {err:.3e}")
+    else:
+        refs[name] = (build, out.float().clone())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            run()
+    return g
 
 
 def parse_switches(build: str) -> dict[str, int]:

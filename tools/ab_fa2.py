@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import arg_parser, measure
+from ab_common import arg_parser, capture_checked, measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 calls, builds timed in turns; paired_speedup = median over "
@@ -136,19 +136,7 @@ def main() -> int:
     for b in args.builds:
         for name, (_flops, make) in work.items():
             fn = make(b)
-            o = fn()  # load + warm up outside the capture
-            torch.cuda.synchronize()
-            if name in refs:  # every build must agree with the first (same math, same inputs)
-                err = (o.float() - refs[name]).abs().max().item()
-                if not err < 2e-2:
-                    raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: {err:.3e}")
-            else:
-                refs[name] = o.float().clone()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(args.calls):
-                    fn()
-            graphs[(name, b)] = g
+            graphs[(name, b)] = capture_checked(fn, name, b, refs, args.calls)
             keep.append(fn)
     measure(args, graphs, {key: args.calls for key in graphs}, names, {n: work[n][0] / 1e6 for n in names},
             "tflop_s", "TF/s", 10, "ab_fa2.py", "fa2", NOTE)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import arg_parser, measure
+from ab_common import arg_parser, capture_checked, measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
@@ -154,19 +154,10 @@ def main() -> int:
     for b in args.builds:
         hop.prefill_sm90_spec = spec_factory(b)
         for name, (_flops, fn, o) in work.items():
-            fn(hop.run_ragged, hop.run_paged)  # load + warm up outside the capture
-            torch.cuda.synchronize()
-            if name in refs:  # every build must agree with the first (same math, same inputs)
-                err = (o.float() - refs[name]).abs().max().item()
-                if not err < 2e-2:
-                    raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: {err:.3e}")
-            else:
-                refs[name] = o.float().clone()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(args.calls):
-                    fn(hop.run_ragged, hop.run_paged)
-            graphs[(name, b)] = g
+            def run(fn=fn, o=o):
+                fn(hop.run_ragged, hop.run_paged)
+                return o
+            graphs[(name, b)] = capture_checked(run, name, b, refs, args.calls)
     measure(args, graphs, {key: args.calls for key in graphs}, names, {n: work[n][0] / 1e6 for n in names},
             "tflop_s", "TF/s", 10, "ab_fa3.py", "fa3", NOTE)
     return 0
