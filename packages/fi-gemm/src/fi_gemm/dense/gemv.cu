@@ -162,6 +162,11 @@ constexpr int kWarps = 8;
 #ifndef FI_GEMV_PDL
 #define FI_GEMV_PDL FI_GEMV_SM90
 #endif
+// FI_GEMV_PREWAIT: with PDL, prefetch each thread's first W vectors into L2 before the wait
+// (0 for A/B runs: no prefetch).
+#ifndef FI_GEMV_PREWAIT
+#define FI_GEMV_PREWAIT 1
+#endif
 
 // Everything a launch needs; passed by value (kernel parameter space), no per-call allocation.
 struct GemvParams {
@@ -210,6 +215,30 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   const int g = lane >> 2;
   const int t = lane & 3;
   const int n = p.n, k = p.k;
+#if FI_GEMV_PREWAIT
+  // Before the wait (so while the previous grid drains), ask L2 for the W vectors of this thread's
+  // first K step. Safe whatever the previous grid writes: L2 is where global memory is coherent,
+  // so a line it rewrites afterwards is the line the loads below read (they skip L1). H200, N = K
+  // = 4096, back-to-back calls on rotating weights, tools/ab_gemv.py in turns against no prefetch
+  // (gemv_ab_prewait_modes_session11.json): mm_bf16 M = 1 / 4 / 16 10.35 / 10.64 / 11.15 ->
+  // 9.56 / 9.85 / 10.48 us, bmm_fp8 M = 1 / 16 6.06 / 7.31 -> 5.53 / 7.02, block-scaled M = 16
+  // 9.67 -> 9.32. Prefetching every step of the first round instead (U steps, up to 12
+  // prefetches per thread) made M <= 8 7-12 % slower (only the M = 16 pair gained).
+  if (FI_GEMV_PDL && p.seg_indptr == nullptr) {
+    const TW* wb = static_cast<const TW*>(p.w) + int64_t(blockIdx.z) * p.bsw;
+    const int nb = (blockIdx.x / KS) * (16 * RS);
+    const int steps = (k + KSTEP - 1) / KSTEP;
+    const int s0 = (KS > 1 ? int(blockIdx.x % KS) * ((steps + KS - 1) / KS) : 0) + warp;
+    const int kk = s0 * KSTEP + t * V;
+#pragma unroll
+    for (int r = 0; r < RS; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = nb + r * 16 + h * 8 + g;
+        if (row < n && kk < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + int64_t(row) * p.ldw + kk));
+      }
+  }
+#endif
   if (FI_GEMV_PDL) fi::grid_dependency_wait();  // launched early: the inputs are written after this
   int m = p.m;
   const TA* act = static_cast<const TA*>(p.act);
