@@ -183,6 +183,7 @@ struct GemvParams {
   const int64_t* seg_indptr;
   const int64_t* seg_widx;   // weight per segment, null: segment s uses W[s]
   int num_segs;
+  int64_t total_rows;        // rows of x (segment mode)
   // Block-scale mode (bs_a != null): DeepSeek-style fp32 scales, 1 x 128 for A (per row and
   // 128-wide K block), 128 x 128 for W. Element (row, kb) of A's scales at bs_a[row*sam + kb*sak];
   // block (nb, kb) of W's at bs_b[nb*sbn + kb*sbk] (+ sbl per weight matrix).
@@ -223,7 +224,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
   // (gemv_ab_prewait_modes_session11.json): mm_bf16 M = 1 / 4 / 16 10.35 / 10.64 / 11.15 ->
   // 9.56 / 9.85 / 10.48 us, bmm_fp8 M = 1 / 16 6.06 / 7.31 -> 5.53 / 7.02, block-scaled M = 16
   // 9.67 -> 9.32. Prefetching every step of the first round instead (U steps, up to 12
-  // prefetches per thread) made M <= 8 7-12 % slower (only the M = 16 pair gained).
+  // prefetches per thread) made M <= 8 7-12 % slower (only the M = 16 pair gained). The LoRA
+  // segment unit's x prefetch below: 8 x 512 rows 12.09 -> 11.55 us, 8 x 16 rows 6.55 -> 6.33
+  // (gemv_ab_prewait_segment_session11.json).
   if (FI_GEMV_PDL && p.seg_indptr == nullptr) {
     const TW* wb = static_cast<const TW*>(p.w) + int64_t(blockIdx.z) * p.bsw;
     const int nb = (blockIdx.x / KS) * (16 * RS);
@@ -237,6 +240,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
         const int row = nb + r * 16 + h * 8 + g;
         if (row < n && kk < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + int64_t(row) * p.ldw + kk));
       }
+  } else if (FI_GEMV_PDL && XS) {
+    // Segment mode streams x: its tile's rows are known only after the segment lookup (which
+    // reads seg_indptr, so comes after the wait). Tile y holds rows y * TM.. when the segments
+    // before it are whole tiles (equal LoRA segments): prefetch those; otherwise the hint is
+    // wasted, never wrong.
+    const TA* xb = static_cast<const TA*>(p.act);
+    const int steps = (k + KSTEP - 1) / KSTEP;
+    const int s0 = (KS > 1 ? int(blockIdx.x % KS) * ((steps + KS - 1) / KS) : 0) + warp;
+    const int kk = s0 * KSTEP + t * V;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int64_t row = int64_t(blockIdx.y) * TM + j * 8 + g;
+      if (row < p.total_rows && kk < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(xb + row * p.lda + kk));
+    }
   }
 #endif
   if (FI_GEMV_PDL) fi::grid_dependency_wait();  // launched early: the inputs are written after this
@@ -614,6 +631,7 @@ FI_EXPORT int fi_gemv_segment(void* out, const void* x, const void* w, const voi
   p.seg_indptr = static_cast<const int64_t*>(seg_indptr);
   p.seg_widx = static_cast<const int64_t*>(seg_widx);
   p.num_segs = int(num_segs);
+  p.total_rows = total_rows;
   p.bs_a = static_cast<const float*>(bs_a);
   p.bs_b = static_cast<const float*>(bs_b);
   p.sam = sam; p.sak = sak; p.sbn = sbn; p.sbk = sbk; p.sbl = sbl;
