@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 
 
-def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float) -> argparse.ArgumentParser:
+def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float,
+               calls: int | None = None) -> argparse.ArgumentParser:
     """The options every A/B tool takes: the builds, --rounds, --cases, --warmup-s, --build-only,
-    --json and --label, with the tool's defaults."""
+    --json and --label, with the tool's defaults; --calls (launches per graph replay) when the
+    tool gives a default for it."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("builds", nargs="+")
     ap.add_argument("--rounds", type=int, default=rounds)
@@ -29,7 +31,20 @@ def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float) -> argparse.A
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="builds compared", help="what the JSON file compares")
+    if calls is not None:
+        ap.add_argument("--calls", type=int, default=calls, help="launches per graph replay")
     return ap
+
+
+def build_only(specs) -> int:
+    """--build-only: compile the modules the builds need (distinct specs, in one parallel build)
+    into the kernel cache, say which, and return the exit status."""
+    from fi_core.jit import build_many  # noqa: PLC0415
+
+    specs = list({s.name: s for s in specs}.values())
+    build_many(specs)
+    print(f"built {len(specs)} modules: {' '.join(s.name for s in specs)}")
+    return 0
 
 
 def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: float = 2e-2):

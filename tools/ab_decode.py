@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, measure, parse_switches
+from ab_common import arg_parser, build_only, measure, parse_switches
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16": (16, 8192, torch.bfloat16),
@@ -100,21 +100,17 @@ def main() -> int:
 
     if args.build_only:
         from fi_core import Arch  # noqa: PLC0415
-        from fi_core.jit import build_many  # noqa: PLC0415
         from fi_attention.decode.spec import select_spec  # noqa: PLC0415
 
-        specs = {}
+        specs = []
         for sw, _, wrapper_opts in builds.values():
             with use_build(sw):
                 for n in names:
                     hq, hkv = case_heads(n)
                     kernel = "tensor-core" if wrapper_opts.get("use_tensor_cores") else "auto"
-                    s = select_spec(torch.bfloat16, CASES[n][2], D, hq // hkv, "NONE", False, Arch.parse("9.0a"),
-                                    kernel)
-                    specs[s.name] = s
-        build_many(list(specs.values()))
-        print(f"built {len(specs)} modules: {' '.join(specs)}")
-        return 0
+                    specs.append(select_spec(torch.bfloat16, CASES[n][2], D, hq // hkv, "NONE", False,
+                                             Arch.parse("9.0a"), kernel))
+        return build_only(specs)
 
     dev = torch.device("cuda")
     graphs, calls, refs, keep = {}, {}, {}, []

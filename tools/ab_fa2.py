@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import arg_parser, capture_checked, measure
+from ab_common import arg_parser, build_only, capture_checked, measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 calls, builds timed in turns; paired_speedup = median over "
@@ -115,19 +115,11 @@ def cases(names, dev):
 
 
 def main() -> int:
-    ap = arg_parser(__doc__, rounds=7, cases="single16k,single4k,ragged", warmup_s=3.0)
-    ap.add_argument("--calls", type=int, default=5, help="calls per graph replay")
-    args = ap.parse_args()
-
-    from fi_core import Arch  # noqa: PLC0415
-    from fi_core.jit import build_many  # noqa: PLC0415
-
+    args = arg_parser(__doc__, rounds=7, cases="single16k,single4k,ragged", warmup_s=3.0, calls=5).parse_args()
     if args.build_only:
-        arch = Arch.parse("9.0a")
-        specs = [spec_factory(b)(torch.bfloat16, D, D, False, arch) for b in args.builds]
-        build_many(specs)
-        print(f"built {len(specs)} modules: {' '.join(s.name for s in specs)}")
-        return 0
+        from fi_core import Arch  # noqa: PLC0415
+
+        return build_only(spec_factory(b)(torch.bfloat16, D, D, False, Arch.parse("9.0a")) for b in args.builds)
 
     dev = torch.device("cuda")
     names = args.cases.split(",")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ab_common import arg_parser, capture_checked, measure
+from ab_common import arg_parser, build_only, capture_checked, measure
 
 HQ, HKV, D = 32, 8, 128
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
@@ -130,19 +130,12 @@ def cases(names, dev):
 
 
 def main() -> int:
-    ap = arg_parser(__doc__, rounds=7, cases="single8k,single16k,full4k,ragged,paged", warmup_s=3.0)
-    ap.add_argument("--calls", type=int, default=5, help="launches per graph replay")
-    args = ap.parse_args()
-
-    from fi_core import Arch  # noqa: PLC0415
-    from fi_core.jit import build_many  # noqa: PLC0415
-
+    args = arg_parser(__doc__, rounds=7, cases="single8k,single16k,full4k,ragged,paged", warmup_s=3.0,
+                      calls=5).parse_args()
     if args.build_only:
-        arch = Arch.parse("9.0a")
-        specs = [s for b in args.builds for s in specs_for(b, arch, args.cases.split(","))]
-        build_many(specs)
-        print(f"built {len(specs)} modules")
-        return 0
+        from fi_core import Arch  # noqa: PLC0415
+
+        return build_only(s for b in args.builds for s in specs_for(b, Arch.parse("9.0a"), args.cases.split(",")))
 
     import fi_attention.prefill.hopper as hop  # noqa: PLC0415
 

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, measure, parse_switches
+from ab_common import arg_parser, build_only, measure, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -123,7 +123,6 @@ def main() -> int:
 
     if args.build_only:
         from fi_core import Arch  # noqa: PLC0415
-        from fi_core.jit import build_many  # noqa: PLC0415
         from fi_gemm.dense import spec as dense_spec  # noqa: PLC0415
 
         arch = Arch.parse("9.0a")
@@ -134,9 +133,7 @@ def main() -> int:
                 continue
             use_build(sw)
             specs += [dense_spec.gemv_spec(bf16, bf16, bf16, arch), dense_spec.gemv_spec(e4m3, e4m3, bf16, arch)]
-        build_many(specs)
-        print(f"built {len(specs)} modules")
-        return 0
+        return build_only(specs)
 
     dev = torch.device("cuda")
     work = make_cases(names, dev)
