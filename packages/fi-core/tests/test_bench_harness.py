@@ -67,3 +67,19 @@ def test_apply_tuning_sets_given_options_and_clears_caches():
     assert spec_fn(1) == (1, 0, 3) and calls == [1, 1]          # rebuilt with the new value
     assert apply_tuning(RoutineArgs(options={"a": "2", "b": "4"}), mod, names, spec_fn) == " [a=2 b=4]"
     assert spec_fn(1) == (1, 2, 4)
+
+
+def test_host_timers_take_turns_and_summarise_batches(monkeypatch):
+    """time_host_interleaved runs batch i of every function before batch i + 1 of any, and both
+    host timers return (median, minimum, maximum) of their batch means."""
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    stats = bench.time_host_interleaved(fns, iters=3, warmup=1, batches=4)
+    assert calls == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 4
+    assert set(stats) == {"a", "b"}
+    for med, low, high in stats.values():
+        assert 0 < low <= med <= high
+    med, low, high = bench.time_host_stats(lambda: None, iters=5, warmup=1, batches=3)
+    assert 0 < low <= med <= high
+    assert bench.time_host(lambda: None, iters=5, warmup=1) > 0

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from fi_core import testing
-from fi_core.bench import BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn, time_host
+from fi_core.bench import (BenchRow, RoutineArgs, apply_tuning, rotating_inputs, routine, time_fn, time_host,
+                           time_host_interleaved, time_host_stats)
 
 from .decode import (BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
                      single_decode_with_kv_cache)
@@ -81,14 +82,36 @@ def _host_times(dev) -> dict:
                disable_split_kv=disable_split_kv)
         if not disable_split_kv:
             times["run_host_split"] = w._plan.split
-        times[key] = round(time_host(lambda w=w: w.run(q, cache, out=out), iters=500, warmup=50), 2)
+        med, low, _ = time_host_stats(lambda w=w: w.run(q, cache, out=out), iters=500, warmup=50, batches=7)
+        times[key], times[key + "_min"] = round(med, 2), round(low, 2)
+    times.update({"run_" + k: v for k, v in _host_speed().items()})
     return times
 
 
-def _plan_time(w, tables, hq, hkv, kv_dtype) -> float:
-    indptr, indices, last = tables
-    return time_host(lambda: w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16,
-                                    kv_data_type=kv_dtype), iters=200, warmup=20)
+def _host_speed() -> dict:
+    """A fixed piece of host work (Python, numpy and a CUDA event record, about the mix of plan()),
+    timed like the host rows: its median beside its minimum says how far this run's host ran
+    below its full speed (the lent host's speed changes by up to 1.8x within seconds)."""
+    ev = torch.cuda.Event()
+    a = torch.arange(256, dtype=torch.int32).numpy()
+
+    def work():
+        int(a[1:].sum()) + sum(range(64))
+        ev.record()
+
+    med, low, _ = time_host_stats(work, iters=500, warmup=50, batches=7)
+    return {"host_speed_probe_us": round(med, 2), "host_speed_probe_us_min": round(low, 2)}
+
+
+def _plan_times(dev, tables: dict, hq, hkv, kv_dtype) -> dict:
+    """{name: (median, minimum, maximum)} host time of plan() of each page table (indptr, indices,
+    last_page_len), each on a fresh wrapper, timed in turns (fi_core.bench.time_host_interleaved)."""
+    def plan_fn(t):
+        w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev))
+        return lambda: w.plan(*t, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+
+    return time_host_interleaved({name: plan_fn(t) for name, t in tables.items()}, iters=200, warmup=20,
+                                 batches=7)
 
 
 @routine("BatchDecodeWithPagedKVCacheWrapper", family="fi-attention",
@@ -140,18 +163,14 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     _check(out2, q0, c0, indptr, indices, last, [0, batch - 1], **scales)
     other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets)
     del sets
-    plan_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, indices, last), hq, hkv, kv_dtype)
-    # The page table as serving engines keep it (indices on the device, indptr and last page
-    # lengths on the host): plan() then copies no page ids (65536 at b128).
-    plan_dev_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (indptr, d_indices, last), hq, hkv, kv_dtype)
+    # plan() of four page tables: the row's; the same with the page ids on the device, as serving
+    # engines keep them next to host indptr and last page lengths (plan() then copies no page ids:
+    # 65536 at b128); a ragged batch of the same size, both ways.
     r_indptr, r_indices, r_last = _ragged_tables(batch, kv_len)
-    plan_ragged_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (r_indptr, r_indices, r_last), hq, hkv, kv_dtype)
-    plan_ragged_dev_us = _plan_time(BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(128 << 20, dtype=torch.uint8, device=dev)), (r_indptr, r_indices.to(dev), r_last), hq, hkv,
-        kv_dtype)
+    plans = _plan_times(dev, {"": (indptr, indices, last), "_device_indices": (indptr, d_indices, last),
+                              "_ragged": (r_indptr, r_indices, r_last),
+                              "_ragged_device_indices": (r_indptr, r_indices.to(dev), r_last)}, hq, hkv, kv_dtype)
+    speed = _host_speed()  # right after the plan() rows
 
     baseline = None
     if not fp8:  # SDPA has no fp8 KV path; the fp8 row is judged against its target
@@ -169,10 +188,9 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     qo_bytes = 2 * batch * hq * D * 2
     return BenchRow("BatchDecodeWithPagedKVCacheWrapper", label, ours, bytes=kv_bytes + qo_bytes,
                    baseline=baseline, target_us=target, backend="cuda",
-                   extra={**host, "plan_host_us": round(plan_us, 2),
-                          "plan_host_us_device_indices": round(plan_dev_us, 2),
-                          "plan_host_us_ragged": round(plan_ragged_us, 2),
-                          "plan_host_us_ragged_device_indices": round(plan_ragged_dev_us, 2), "split_kv": w._plan.split,
+                   extra={**host, **speed, **{f"plan_host_us{k}": round(v[0], 2) for k, v in plans.items()},
+                          **{f"plan_host_us{k}_min": round(v[1], 2) for k, v in plans.items()},
+                          "split_kv": w._plan.split,
                           "work_items": w._plan.num_items, "kernel": w._kernel_name,
                           "other_kernel": w2._kernel_name, "other_kernel_us": round(other.median_us, 2)})
 

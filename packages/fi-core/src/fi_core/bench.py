@@ -274,19 +274,53 @@ def _time_eager(fn, sets, k, reps) -> Timing:
 
 def time_host(fn: Callable[[], Any], iters: int = 2000, warmup: int = 200) -> float:
     """Host time per call in microseconds (median of 5 batches), for launch-overhead numbers."""
+    return time_host_stats(fn, iters, warmup)[0]
+
+
+def time_host_stats(fn: Callable[[], Any], iters: int = 2000, warmup: int = 200,
+                    batches: int = 5) -> tuple[float, float, float]:
+    """Host time per call in microseconds: (median, minimum, maximum) of the mean call time of ``batches``
+    batches of ``iters`` calls, the device synchronised between batches.
+
+    The lent H200's host changes speed by up to 1.8x within seconds, evenly for Python, numpy
+    and CUDA driver calls (benchmarks/results/h200/probe_plan_dist_session12.txt): the median is
+    what this run saw, the minimum what the code costs when the host runs at full speed.
+    """
     import time  # noqa: PLC0415
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    meds = []
-    for _ in range(5):
+    means = []
+    for _ in range(batches):
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        meds.append((time.perf_counter() - t0) / iters * 1e6)
+        means.append((time.perf_counter() - t0) / iters * 1e6)
         torch.cuda.synchronize()
-    return statistics.median(meds)
+    return statistics.median(means), min(means), max(means)
+
+
+def time_host_interleaved(fns: dict, iters: int = 200, warmup: int = 20,
+                          batches: int = 7) -> dict:
+    """:func:`time_host_stats` of several functions whose batches take turns (batch i of every
+    function, then batch i + 1), so that a slow spell of the host lands on one batch of each
+    instead of on every batch of one. Returns {name: (median, minimum, maximum)}."""
+    import time  # noqa: PLC0415
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    means: dict = {name: [] for name in fns}
+    for _ in range(batches):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            means[name].append((time.perf_counter() - t0) / iters * 1e6)
+            torch.cuda.synchronize()
+    return {name: (statistics.median(m), min(m), max(m)) for name, m in means.items()}
 
 
 def environment() -> dict:

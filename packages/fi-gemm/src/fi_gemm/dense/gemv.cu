@@ -56,6 +56,14 @@
 // one per streamed row or per 4 KB), so HBM would not wait on the registers in flight: M = 1 / 16
 // 13.13 / 14.90 us against 10.25 / 11.13, LoRA 8 x 512 15.95 against 12.03, bmm_fp8 M = 16 8.36
 // against 7.25 (gemv_ab_bulkpf_session9.json); only the 16-row LoRA segments gained (6.41 / 6.61).
+// Session 12, the LoRA shrink (8 x 512 rows, 4096 -> 16; tools/ab_gemv.py in turns):
+// - the pair's W share (16 rows x 2048) staged in shared memory by cp.async at the start and read
+//   from there at each MMA, so only x stays in registers and 2 / 3 / 4 steps of it are in flight:
+//   13.53 / 14.05 / 13.52 us against 11.47 (8 x 16 rows: 8.74 / 8.53 / 7.14 against 6.29): every
+//   CTA waits for its 64 KB of W before the first MMA (gemv_ab_wsm_session12.json);
+// - 2 / 4 K steps of x prefetched before the PDL wait instead of 1: 11.77 / 12.68 against 11.54;
+//   all of W prefetched before the wait as well: 11.50, x1.004, i.e. noise
+//   (gemv_ab_segpf_session12.json).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
