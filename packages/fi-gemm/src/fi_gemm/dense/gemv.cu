@@ -64,6 +64,13 @@
 // - 2 / 4 K steps of x prefetched before the PDL wait instead of 1: 11.77 / 12.68 against 11.54;
 //   all of W prefetched before the wait as well: 11.50, x1.004, i.e. noise
 //   (gemv_ab_segpf_session12.json).
+// - every round asking L2 (prefetch.global.L2) for the next round's streamed vectors while its own
+//   loads are in flight: x0.76-0.83 on every shape (LoRA 8 x 512 14.85 against 11.49 us, M = 1 / 16
+//   11.82 / 13.81 against 9.27 / 10.48, bmm_fp8 M = 16 8.25 against 6.88;
+//   gemv_ab_rpf_session12.json);
+// - 64-row tiles split over K by a 4-CTA cluster (half the W bytes per row of x, 16 warps per SM
+//   kept, 104 / 128 registers at 1 / 2 steps in flight): 18.95 / 19.44 us against 11.50
+//   (gemv_ab_seg_quad_session12.json).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
