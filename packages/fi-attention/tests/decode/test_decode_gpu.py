@@ -180,6 +180,32 @@ def test_mixed_table_placement_survives_allocations_before_run(backend):
     testing.assert_close(out, batch_decode_reference(q, cache, indptr, indices, last, "NHD"), dtype=torch.bfloat16)
 
 
+@KERNELS
+def test_replans_of_one_wrapper_stay_correct(backend):
+    """A wrapper planned again and again, as a serving loop does: from its second plan() on, host
+    tables take the staged path (one native call checks, plans and stages them) with the page ids
+    on the host or on the device, in every split mode, for batches that grow past the first
+    plan's metadata buffer and for a decode loop's next steps."""
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV), backend=backend)
+    steps = [(lengths(3, 500, seed=1), {}, True), (lengths(7, 9000, seed=2), {}, False),
+             (lengths(7, 9000, seed=2), dict(disable_split_kv=True), True),
+             (lengths(64, 4096, seed=3), dict(fixed_split_size=9), False),
+             (lengths(128, 2048, seed=4), {}, True), ([1, 17, 4000], {}, False)]
+    base = lengths(16, 3000, seed=5)
+    steps += [([n + i for n in base], {}, i % 2 == 0) for i in range(3)]  # decode steps: one token more
+    for i, (lens, kw, host_ids) in enumerate(steps):
+        cache, indptr, indices, last = make_batch(lens, 16, 8, 128, seed=20 + i)
+        q = testing.randn((len(lens), 32, 128), torch.bfloat16, DEV, seed=40 + i)
+        w.plan(indptr, indices if host_ids else indices.to(DEV), last, 32, 8, 128, 16,
+               q_data_type=torch.bfloat16, **kw)
+        assert (w._h_indptr is None) == (i > 0)  # the staged path from the second plan on
+        lse = testing.empty_poisoned((len(lens), 32), torch.float32, DEV)
+        out = w.run(q, cache, lse=lse)
+        ro, rl = batch_decode_reference(q, cache, indptr, indices, last, "NHD", return_lse=True)
+        testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"step {i}: ")
+        testing.assert_close(lse, rl, **LSE_TOL)
+
+
 def test_window_left_at_run_overrides_plan():
     lens = [700, 64]
     out, lse, ro, rl, _ = run_decode(lens, 16, 32, 8, 128, run_kw=dict(window_left=31),

@@ -416,3 +416,81 @@ def test_cuda_graph_tables_fill_exact_and_larger_buffers(sim, extra):
     small = (torch.zeros(4, dtype=torch.int32), torch.zeros(nnz - 1, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
     with pytest.raises(InputError, match=f"the CUDA-graph buffer holds {nnz - 1} entries, got {nnz}"):
         sim.wrapper(graph_buffers=small).plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+
+
+def _staged_state(w, sim, q, cache, out):
+    """(launch fields but the metadata addresses, metadata and tables as lists) of the wrapper's
+    current plan, launched once."""
+    w.run(q, cache, out=out)
+    a = sim.launches[-1][0]
+    buf = w._staging.device_buf
+    B = q.shape[0]
+    n = a.grid_items
+    nnz = int(ints(buf, a.kv_indptr, B + 1)[-1])
+    lists = (ints(buf, a.work, 4 * n), ints(buf, a.num_work, 1), ints(buf, a.merge_indptr, B + 1),
+             ints(buf, a.kv_indptr, B + 1), ints(buf, a.kv_last_page_len, B), ints(buf, a.kv_indices, nnz))
+    fields = (a.grid_items, a.merge_batch, a.part_o, a.part_lse - a.part_o, a.q, a.out, a.k, a.v,
+              a.num_qo_heads, a.page_size, a.sm_scale, a.window_left)
+    return fields, lists
+
+
+@pytest.mark.parametrize("lens", [[600], [4096] * 3, [1, 5000, 0, 300, 17], [0, 0], [20000, 16], [8192] * 40])
+def test_replan_takes_the_staged_path_and_stages_what_the_first_plan_does(sim, lens, monkeypatch):
+    """A wrapper's second plan() with the same options checks, plans and stages the host tables
+    in one native call (fi_plan_decode_staged): the same launch arguments, metadata and tables as
+    a fresh wrapper's first plan, which takes the Python path."""
+    from fi_attention.decode import batch as batch_mod
+
+    indptr, indices, last = tables(lens)
+    other = tables([7] * len(lens), seed=3)
+    q = torch.zeros(len(lens), HQ, D, dtype=BF16)
+    out = torch.empty_like(q)
+    cache = cache_for(torch.cat([indices, other[1]]))
+    fresh = sim.wrapper()
+    fresh.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    want = _staged_state(fresh, sim, q, cache, out)
+
+    w = sim.wrapper()
+    w.plan(*other, HQ, HKV, D, PS, q_data_type=BF16)  # loads the module: the Python path
+
+    def python_path_taken(*a, **k):
+        raise AssertionError("host_tables ran: the staged path was not taken")
+
+    monkeypatch.setattr(batch_mod, "host_tables", python_path_taken)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    assert w._h_indptr is None
+    got = _staged_state(w, sim, q, cache, out)
+    assert got[1] == want[1]
+    assert got[0][:2] == want[0][:2] and got[0][3:] == want[0][3:]
+    assert got[0][2] == w._float_ws.data_ptr()
+    monkeypatch.undo()
+    assert w._host_tables()[0].tolist() == indptr.tolist()  # made when a checked run() asks
+
+
+@pytest.mark.parametrize("bad, text", [
+    (lambda ip, ix, la: (ip + 1, ix, la), "indptr must start at 0"),
+    (lambda ip, ix, la: (torch.tensor([0, 5, 3, 9], dtype=torch.int32), ix, la), "non-decreasing"),
+    (lambda ip, ix, la: (ip, ix[:10], la), "exceeds the 10 page indices"),
+    (lambda ip, ix, la: (ip, ix, torch.tensor([3, 0, 4], dtype=torch.int32)), "last_page_len must be in"),
+    (lambda ip, ix, la: (ip, ix, torch.tensor([3, 17, 4], dtype=torch.int32)), "last_page_len must be in"),
+])
+def test_staged_path_refuses_bad_tables_with_the_checked_paths_errors(sim, bad, text):
+    indptr, indices, last = tables([40, 100, 60])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    with pytest.raises(InputError, match=text):
+        w.plan(*bad(indptr, indices, last), HQ, HKV, D, PS, q_data_type=BF16)
+
+
+def test_staged_path_grows_the_metadata_buffer(sim):
+    w = sim.wrapper()
+    small = tables([40, 3])
+    w.plan(*small, HQ, HKV, D, PS, q_data_type=BF16)
+    size = w._staging.size
+    big = tables([30000] * 64, seed=2)
+    w.plan(*big, HQ, HKV, D, PS, q_data_type=BF16)
+    assert w._staging.size > size and w._h_indptr is None
+    q = torch.zeros(64, HQ, D, dtype=BF16)
+    w.run(q, cache_for(big[1]))
+    a = sim.launches[-1][0]
+    assert ints(w._staging.device_buf, a.kv_indices, int(big[0][-1])) == big[1].tolist()

@@ -40,6 +40,7 @@ from .tables import host_tables, request_lengths
 _compiling = torch.compiler.is_compiling
 _check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
 _Tensor = torch.Tensor
+_INT32 = torch.int32
 _CONTIGUOUS = torch.contiguous_format
 # The checked path's capture test (skipped while torch.compile traces, see _run_checked).
 _capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else capturing
@@ -228,6 +229,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 if len(self._options) >= 64:
                     self._options.clear()
                 self._options[key] = o
+        planner = o.planner
+        if (planner is not None and planner.staged is not None and not self._use_cuda_graph
+                and type(indptr) is _Tensor and type(last_page_len) is _Tensor and type(indices) is _Tensor
+                and indptr.dtype is _INT32 and last_page_len.dtype is _INT32 and indices.dtype is _INT32
+                and indptr.is_cpu and last_page_len.is_cpu and indptr.dim() == 1 and last_page_len.dim() == 1
+                and indptr.shape[0] == last_page_len.shape[0] + 1 > 1 and indptr.is_contiguous()
+                and last_page_len.is_contiguous() and indices.dim() == 1
+                and (indices.is_contiguous() if indices.is_cpu else indices.device == self._device)
+                and self._plan_staged(o, indptr, indices, last_page_len, fixed_split_size, disable_split_kv)):
+            return
         h_indptr, h_last = host_tables(indptr, last_page_len)
         if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
             raise InputTypeError("indices must be an int32 tensor, got "
@@ -239,20 +250,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not o.finished:
             o.finish(*key)
 
-        self._q_dtype, self._kv_dtype = o.q_dtype, o.kv_dtype
-        self._hq, self._hkv, self._d, self._ps = o.hq, o.hkv, o.d, o.ps
-        self._pos, self._window_left, self._cap, self._sm_scale = o.pos, o.window_left, o.cap, o.sm_scale
-        self._rope_scale, self._rope_theta = o.rope_scale, o.rope_theta
-        self._batch = batch
-        self._q_shape = torch.Size((batch, o.hq, o.d))
+        self._set_plan_state(o, batch, indices)
         self._h_indptr, self._h_last = h_indptr, h_last
-        self._indices_in = indices
-        self._planned = False  # until this plan is complete: a failed one leaves no stale state
-        self._fast = None
-        geometry = (o.hkv, o.d, o.ps, o.kv_dtype)
-        if geometry != self._kv_geometry:  # caches validated for another geometry must be re-checked
-            self._kv_seen = {}
-            self._kv_geometry = geometry
         if o.impl is None:
             if self._device.type != "cuda":
                 o.impl = "reference"
@@ -271,6 +270,77 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._plan_cuda(o, indptr, indices, last_page_len, lens, fixed_split_size, disable_split_kv,
                             non_blocking)
         self._planned = True
+
+    def _set_plan_state(self, o: _Options, batch: int, indices: torch.Tensor) -> None:
+        """The plan's options and batch as run() reads them; not yet planned."""
+        self._q_dtype, self._kv_dtype = o.q_dtype, o.kv_dtype
+        self._hq, self._hkv, self._d, self._ps = o.hq, o.hkv, o.d, o.ps
+        self._pos, self._window_left, self._cap, self._sm_scale = o.pos, o.window_left, o.cap, o.sm_scale
+        self._rope_scale, self._rope_theta = o.rope_scale, o.rope_theta
+        self._batch = batch
+        self._q_shape = torch.Size((batch, o.hq, o.d))
+        self._indices_in = indices
+        self._planned = False  # until this plan is complete: a failed one leaves no stale state
+        self._fast = None
+        geometry = (o.hkv, o.d, o.ps, o.kv_dtype)
+        if geometry != self._kv_geometry:  # caches validated for another geometry must be re-checked
+            self._kv_seen = {}
+            self._kv_geometry = geometry
+
+    def _host_tables(self) -> tuple:
+        """(indptr, last_page_len) of the plan as numpy arrays (the staged plan keeps the tensors
+        and makes the views only when a checked run() needs them)."""
+        if self._h_indptr is None:
+            self._h_indptr, self._h_last = host_tables(*self._h_src)
+        return self._h_indptr, self._h_last
+
+    def _plan_staged(self, o: _Options, indptr, indices, last_page_len, fixed_split_size,
+                     disable_split_kv) -> bool:
+        """plan() of host indptr / last_page_len tables, page ids on the host or this device, no
+        CUDA graph, once a plan with these options has loaded the module: one native call checks
+        the table, plans it and writes plan and table into the pinned staging mirror. False when
+        the table fails a check (the checked path then raises its error); nothing is changed."""
+        batch = last_page_len.shape[0]
+        host_idx = indices.is_cpu
+        fixed = fixed_split_size * o.ps if fixed_split_size else None
+        st = self._staging
+        if st is None:
+            st = self._staging = MetadataStaging(self._device, 4096)
+        while True:
+            host, addr = st.host_and_address()
+            plan, nnz = o.planner.plan_staged(indptr.data_ptr(), last_page_len.data_ptr(), batch, indices.numel(),
+                                              indices.data_ptr() if host_idx else 0, disable_split_kv, fixed,
+                                              host, addr)
+            if plan is not None:
+                break
+            if nnz < 0:
+                return False
+            st = self._staging = MetadataStaging(self._device, nnz + nnz // 4)
+        self._set_plan_state(o, batch, indices)
+        self._h_indptr = self._h_last = None
+        self._h_src = (indptr, last_page_len)
+        self._kernel_name, self._mod, launch, _, _ = o.kernel
+        cap, slots = plan.num_items, plan.num_slots
+        need = slots * o.hq * (o.d + 1) * 4
+        if need > self._ws_bytes:
+            raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
+                             f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
+        off_indptr = cap * 4 + 5 + batch  # work | num_work, 0, 0, 0 | merge_indptr, then the tables
+        off_last, off_idx = off_indptr + batch + 1, off_indptr + 2 * batch + 1
+        st.upload(off_idx + nnz if host_idx else off_idx)
+        base = st.device_ptr
+        if host_idx:
+            self._d_indices = None
+            self._d_tables = None
+            self._staged_indices = (off_idx, nnz)
+            tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
+        else:
+            self._d_indices = indices
+            self._d_tables = (indices,)
+            tables = (base + 4 * off_indptr, indices.data_ptr(), base + 4 * off_last)
+        self._finish_cuda_plan(o, plan, tables, base, cap, slots, False, launch)
+        self._planned = True
+        return True
 
     def _decode_module(self, o: _Options) -> tuple:
         """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, the module load and the
@@ -300,12 +370,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._capacity = max(B, min(max_items(B, o.kv_units, sm, ctas), fit))
         capacity = self._capacity if graph else None
         fixed = fixed_split_size * o.ps if fixed_split_size else None
+        planner = o.planner
+        if planner is None:  # the next plans with these options take _plan_staged where they can
+            planner = o.planner = NativePlanner(self._mod.fn("fi_plan_decode").raw, o.kv_units, sm, ctas, o.ps,
+                                                self._mod.fn("fi_plan_decode_staged").raw)
         if type(lens) is int:  # positional arguments: they are the plan cache's key
             plan = plan_uniform(B, lens, o.kv_units, sm, ctas, disable_split_kv, fixed, capacity)
         else:
-            planner = o.planner
-            if planner is None:
-                planner = o.planner = NativePlanner(self._mod.fn("fi_plan_decode").raw, o.kv_units, sm, ctas, o.ps)
             if (indptr.is_cpu and last_page_len.is_cpu and indptr.is_contiguous()
                     and last_page_len.is_contiguous()):  # host_tables' numpy arrays are views of these
                 plan = planner.plan_at(indptr.data_ptr(), last_page_len.data_ptr(), B, disable_split_kv, fixed,
@@ -371,6 +442,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._d_tables = (self._dev_table(indptr, self._indptr_buf, graph, non_blocking), self._d_indices,
                               self._dev_table(last_page_len, self._last_buf, graph, non_blocking))
             tables = tuple(t.data_ptr() for t in self._d_tables)
+        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch)
+
+    def _finish_cuda_plan(self, o: _Options, plan, tables: tuple, base: int, cap: int, slots: int, graph: bool,
+                          launch) -> None:
+        """The launch arguments of a CUDA plan: page tables (indptr, indices, last_page_len
+        addresses), the metadata at ``base`` (work [cap, 4] | num_work | merge_indptr), the
+        partial states of ``slots`` in the workspace, and the run() fast path."""
         self._plan = plan
         a = self._args
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
@@ -378,7 +456,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
         PACK_OPTS(a, OFF_OPTS, *o.opt_fields)
         # window_left, grid_items, merge_batch, sm_scale: run() writes them with the scales
-        self._tail = (o.window_left, cap, B if (plan.split or graph) else 0, o.sm_scale)
+        self._tail = (o.window_left, cap, self._batch if (plan.split or graph) else 0, o.sm_scale)
         self._mod_launch = launch
         self._kv_last = None
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
@@ -554,15 +632,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 table = self._staging.device_buf[off: off + nnz]
         else:
             table = self._indices_in
-        used = table[: int(self._h_indptr[-1])] if self._batch else table[:0]
+        used = table[: int(self._host_tables()[0][-1])] if self._batch else table[:0]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
             raise InputError(f"page indices must be in [0, {num_pages}) (the cache's page count), "
                              f"got min {int(used.min())} max {int(used.max())}")
 
     def _run_reference(self, q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse):
         o, s = batch_decode_reference(
-            q, paged_kv_cache, torch.from_numpy(self._h_indptr), self._indices_in.cpu(),
-            torch.from_numpy(self._h_last), self._kv_layout, return_lse=True,
+            q, paged_kv_cache, torch.from_numpy(self._host_tables()[0]), self._indices_in.cpu(),
+            torch.from_numpy(self._host_tables()[1]), self._kv_layout, return_lse=True,
             sm_scale=self._sm_scale * sm_mul, logits_soft_cap=self._cap or None, window_left=wl,
             pos_encoding_mode=self._pos, rope_scale=self._rope_scale, rope_theta=self._rope_theta,
             k_scale=ks, v_scale=vs)

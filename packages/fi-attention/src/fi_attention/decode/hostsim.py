@@ -9,8 +9,9 @@ launcher call. Only what needs a GPU is replaced:
   pinned buffers are pageable; events and streams are stand-ins that count their calls;
 - the kernel module is a stand-in: its launcher either records each call's argument block and
   stream (``launcher="record"``, for tests) or is a native no-op (``"noop"``, for timing: built
-  with the system C compiler, else the recording one); its split-KV planner is the real one
-  (decode_planner.h built with the system C++ compiler; without one, the Python planner);
+  with the system C compiler, else the recording one); its split-KV planners are the real
+  ones (decode_planner.h's fi_plan_decode and fi_plan_decode_staged built with the system C++
+  compiler; without one, the Python planner);
 - the wrapper's tensors (q, cache, out) are CPU tensors; its device index is -1, CPU's;
 - the stream and capture queries are Python functions that count their calls, or, with the no-op
   launcher, C builtins (``abs``, ``bool``) that cost about what torch's C functions do.
@@ -53,6 +54,10 @@ try:
     from .spec import PLAN_DECODE_ARGS
 except ImportError:  # tools/host_overhead.py --baseline: a tree from before the native planner
     PLAN_DECODE_ARGS = None
+try:
+    from .spec import PLAN_DECODE_STAGED_ARGS
+except ImportError:  # a tree from before the staged planner
+    PLAN_DECODE_STAGED_ARGS = None
 
 FAKE_STREAM = 0x5E5
 SM_COUNT, CTAS_PER_SM = 132, 2  # an H200 with the tensor-core decode kernel (the ring: 2 per SM)
@@ -95,16 +100,23 @@ _PLANNER_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_pl
 def native_planner() -> Optional[ctypes._CFuncPtr]:
     """``fi_plan_decode`` of decode_planner.h, built with the system C++ compiler (what every
     decode module exports, without CUDA); None without a compiler."""
+    return native_planners().get("fi_plan_decode")
+
+
+@functools.cache  # one build per process
+def native_planners() -> dict:
+    """{entry name: ctypes function} of decode_planner.h's exports (fi_plan_decode and, in trees
+    that have it, fi_plan_decode_staged), built with the system C++ compiler; {} without one."""
     if PLAN_DECODE_ARGS is None:  # a tree from before the native planner
-        return None
+        return {}
     lib = _host_library(("c++", "g++"), ["-O3", "-x", "c++"], _PLANNER_H, "planner")
     if lib is None:
-        return None
+        return {}
     from fi_core.jit import bind_entry  # noqa: PLC0415  (the trees that have the planner have it)
-    return bind_entry(lib.fi_plan_decode, PLAN_DECODE_ARGS)
-
-
-_native_planner = functools.cache(native_planner)  # one build per process
+    out = {"fi_plan_decode": bind_entry(lib.fi_plan_decode, PLAN_DECODE_ARGS)}
+    if PLAN_DECODE_STAGED_ARGS is not None:
+        out["fi_plan_decode_staged"] = bind_entry(lib.fi_plan_decode_staged, PLAN_DECODE_STAGED_ARGS)
+    return out
 
 
 class _Entry:
@@ -115,12 +127,14 @@ class _Entry:
 class FakeModule:
     """Stands in for a loaded decode module (see fi_core.jit.Module)."""
 
-    def __init__(self, launch, planner):
+    def __init__(self, launch, planners: dict):
         self._launch = launch
-        self._planner = planner
+        self._planners = planners
 
     def fn(self, name: str) -> _Entry:
-        return _Entry(self._planner if name == "fi_plan_decode" else self._launch)
+        if name.startswith("fi_plan_decode"):
+            return _Entry(self._planners.get(name))  # None: no compiler (the Python planner)
+        return _Entry(self._launch)
 
     def fi_batch_decode_occupancy(self, addr: int) -> None:
         ctypes.c_int.from_address(addr).value = CTAS_PER_SM
@@ -154,7 +168,7 @@ class HostSim:
         self._record_fn = _LAUNCH(self._record)
         launch = native_noop() if launcher == "noop" else None
         self.launcher = "noop" if launch is not None else "record"
-        self.module = FakeModule(launch if launch is not None else self._record_fn, _native_planner())
+        self.module = FakeModule(launch if launch is not None else self._record_fn, native_planners())
         self._saved: list = []
 
     # ---- stand-ins ----------------------------------------------------------------------

@@ -207,13 +207,17 @@ class NativePlanner:
         As for plan_decode.
     page_size : int
         Tokens per page of the tables passed to calls.
+    staged_fn : ctypes function, optional
+        The module's raw ``fi_plan_decode_staged`` (:meth:`plan_staged`; ``staged`` is None
+        without it or without ``fn``).
     """
 
-    def __init__(self, fn, kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int):
+    def __init__(self, fn, kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int, staged_fn=None):
         self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size)
         self._fn = fn if self._config is not None else None
+        self.staged = staged_fn if self._fn is not None else None
         self._config_addr = ctypes.addressof(self._config) if self._config is not None else 0
-        self._info = (ctypes.c_int64 * 4)()  # chunk, items, slots, longest
+        self._info = (ctypes.c_int64 * 5)()  # chunk, items, slots, longest (+ page count: staged)
         self._info_addr = ctypes.addressof(self._info)
         self._args = (kv_units, sm_count, ctas_per_sm, page_size)
         self._extra = max_items(0, kv_units, sm_count, ctas_per_sm)
@@ -233,6 +237,30 @@ class NativePlanner:
             indptr, last_page_len = np.ascontiguousarray(indptr), np.ascontiguousarray(last_page_len)
         return self.plan_at(_address(indptr), _address(last_page_len), last_page_len.shape[0], disable_split_kv,
                             fixed_split_size, capacity)
+
+    def plan_staged(self, indptr_addr: int, last_addr: int, batch: int, num_indices: int, indices_addr: int,
+                    disable_split_kv: bool, fixed_split_size: Optional[int], out: np.ndarray, out_addr: int):
+        """``fi_plan_decode_staged``: check the host page table (int32 data at the given
+        addresses, ``batch`` >= 1 requests), plan it into ``out`` (int32, ``out_addr`` its data
+        address) and copy indptr, last_page_len and, with ``indices_addr`` != 0, the used page ids
+        behind the plan. Returns (plan, page count): the plan's arrays are views of ``out``; or
+        (None, entries needed) when ``out`` is too small; (None, -1) when the table fails a check
+        (tables.request_lengths raises its error)."""
+        fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
+        info = self._info
+        rc = self.staged(self._config_addr, indptr_addr, last_addr, batch, num_indices, indices_addr, fixed,
+                         int(disable_split_kv), out_addr, out.shape[0], info)
+        if rc:
+            if rc == 2:
+                return None, info[1] * 4 + 5 + 3 * batch + 1 + (info[4] if indices_addr else 0)
+            if rc == 4:
+                return None, -1
+            raise RuntimeError(f"fi_plan_decode_staged returned {rc} for a batch of {batch}")
+        n_items = info[1]
+        n4 = n_items * 4
+        packed = out[: n4 + 5 + batch]
+        return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, info[2], info[0],
+                          n_items > batch, packed, info[3]), info[4]
 
     def plan_at(self, indptr_addr: int, last_addr: int, batch: int, disable_split_kv: bool = False,
                 fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:

@@ -36,11 +36,11 @@ class MetadataStaging:
         self.device_ptr = self.device_buf.data_ptr()
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self._dst: dict = {}  # blocks -> device view
-        # per slot: [pinned tensor, its numpy view, event, copy queued, {blocks: host view}]
+        # per slot: [pinned tensor, its numpy view, event, copy queued, {blocks: host view}, address]
         self._ring = []
         for _ in range(RING):
             pinned = torch.empty(size, dtype=torch.int32, pin_memory=True)
-            self._ring.append([pinned, pinned.numpy(), torch.cuda.Event(), False, {}])
+            self._ring.append([pinned, pinned.numpy(), torch.cuda.Event(), False, {}, pinned.data_ptr()])
         self._pos = 0
         self._streams: dict = {}  # raw cudaStream_t -> torch Stream, for Event.record
 
@@ -50,6 +50,13 @@ class MetadataStaging:
         if slot[3]:
             slot[2].synchronize()
         return slot[1]
+
+    def host_and_address(self) -> tuple:
+        """:meth:`host` and the address of its data (for native code that fills it)."""
+        slot = self._ring[self._pos]
+        if slot[3]:
+            slot[2].synchronize()
+        return slot[1], slot[5]
 
     def upload(self, n: int) -> None:
         """Queue the copy of the first ``n`` entries of the mirror :meth:`host` returned (rounded
