@@ -308,14 +308,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             st = self._staging = MetadataStaging(self._device, 4096)
         while True:
             host, addr = st.host_and_address()
-            plan, nnz = o.planner.plan_staged(indptr.data_ptr(), last_page_len.data_ptr(), batch, indices.numel(),
-                                              indices.data_ptr() if host_idx else 0, disable_split_kv, fixed,
-                                              host, addr)
+            plan, n = o.planner.plan_staged(indptr.data_ptr(), last_page_len.data_ptr(), batch, indices.numel(),
+                                            indices.data_ptr() if host_idx else 0, disable_split_kv, fixed,
+                                            host, addr)
             if plan is not None:
+                nnz = n
                 break
-            if nnz < 0:
+            if n < 0:
                 return False
-            st = self._staging = MetadataStaging(self._device, nnz + nnz // 4)
+            st = self._staging = MetadataStaging(self._device, n + n // 4)  # n entries needed
         self._set_plan_state(o, batch, indices)
         self._h_indptr = self._h_last = None
         self._h_src = (indptr, last_page_len)

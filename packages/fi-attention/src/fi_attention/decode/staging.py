@@ -46,10 +46,7 @@ class MetadataStaging:
 
     def host(self) -> np.ndarray:
         """The next mirror, once the copy it last fed has run."""
-        slot = self._ring[self._pos]
-        if slot[3]:
-            slot[2].synchronize()
-        return slot[1]
+        return self.host_and_address()[0]
 
     def host_and_address(self) -> tuple:
         """:meth:`host` and the address of its data (for native code that fills it)."""
