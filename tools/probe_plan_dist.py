@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Probe: how the lent host's speed moves the host-time rows of the decode bench.
 
-Times 2000 single calls each of plan() (b64 ragged, host page ids, the bench's tables), run() (one
+Times 2000 single calls each of plan() (b64 ragged, host page ids, the bench's tables; with
+``--graph`` also the CUDA-graph wrapper's, host page ids or page ids already in its buffer), run() (one
 launch and the split plan's two, the bench's _host_times case) and their CUDA calls (a 16 KB pinned
 host-to-device copy, an event record), next to the bench's host-speed probe, several times in one
 process. Per-call percentiles tell a uniform slowdown of the host (every percentile moves, and the
@@ -19,7 +20,7 @@ import time
 import torch
 
 import fi_attention.bench_decode as bd
-from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper
+from fi_attention.decode import BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper
 
 
 def dist(tag, fn, n=2000):
@@ -46,6 +47,7 @@ def dist(tag, fn, n=2000):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--graph", action="store_true", help="also the CUDA-graph wrapper's plan()")
     args = ap.parse_args()
     dev = torch.device("cuda")
     tables = bd._ragged_tables(64, 4096)
@@ -53,6 +55,19 @@ def main() -> int:
 
     def plan():
         w.plan(*tables, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+
+    # the CUDA-graph wrapper (serving engines that replay graphs), host tables copied into its
+    # fixed device buffers, and the same with the page ids already in its buffer
+    bufs = (torch.empty(65, dtype=torch.int32, device=dev), torch.empty(int(tables[0][-1]) + 64, dtype=torch.int32,
+            device=dev), torch.empty(64, dtype=torch.int32, device=dev))
+    wg = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), *bufs)
+    bufs[1][: tables[1].numel()].copy_(tables[1])
+
+    def plan_graph():
+        wg.plan(*tables, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+
+    def plan_graph_dev_ids():
+        wg.plan(tables[0], bufs[1], tables[2], 32, 8, 128, 16, q_data_type=torch.bfloat16)
 
     runs = []
     for split in (True, False):  # bench_decode._host_times' case: b1 kv512, split in two or not
@@ -73,6 +88,9 @@ def main() -> int:
         print(f"rep {rep}: bench host-speed probe median / min {speed['host_speed_probe_us']} / "
               f"{speed['host_speed_probe_us_min']} us", flush=True)
         p = dist("plan b64 ragged (host ids)", plan)
+        if args.graph:
+            dist("  CUDA-graph wrapper, host ids", plan_graph)
+            dist("  CUDA-graph wrapper, ids in buf", plan_graph_dev_ids)
         for name, fn in runs:
             dist(name, fn)
         dist("copy_ 16 KB pinned H2D", lambda: dst.copy_(src, non_blocking=True))

@@ -328,9 +328,24 @@ def test_cuda_graph_replay_after_replan(backend):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         w.run(q, cache, out=out, lse=lse)
-    for seed, lens in ((3, [30, 5000, 1, 700]), (4, [9000, 16, 16, 3]), (5, [1, 1, 1, 20000])):
+    # re-plans take the staged path (the tables go through the metadata buffer into the graph's
+    # buffers); the page ids come from the host, from another device tensor, or are already in
+    # the graph's indices buffer
+    for seed, lens, ids in ((3, [30, 5000, 1, 700], "host"), (4, [9000, 16, 16, 3], "host"),
+                            (5, [1, 1, 1, 20000], "host"), (6, [700, 3, 4000, 9], "device"),
+                            (7, [20, 2000, 333, 1], "in_buf")):
         tables = _graph_tables(lens, ps, max_pages, seed)
-        w.plan(*tables, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+        indices = tables[1]
+        if ids == "device":
+            indices = indices.to(DEV)
+        elif ids == "in_buf":
+            indices_buf[: indices.numel()].copy_(indices)
+            indices = indices_buf
+        indices_buf_before = indices_buf.clone() if ids == "in_buf" else None
+        w.plan(tables[0], indices, tables[2], hq, hkv, d, ps, q_data_type=torch.bfloat16)
+        assert w._h_indptr is None
+        if indices_buf_before is not None:
+            assert torch.equal(indices_buf, indices_buf_before)
         out.fill_(float("nan"))
         g.replay()
         ro, rl = batch_decode_reference(q, cache, *tables, return_lse=True)

@@ -216,6 +216,8 @@ def test_cuda_graph_replan_keeps_every_address(sim):
         assert ints(w._staging.device_buf, a.num_work, 1) == [plan.num_items]
         assert ints(w._staging.device_buf, a.work, 4 * plan.num_items) == plan.work.reshape(-1).tolist()
     assert seen[0] == seen[1] == seen[2] and seen[0][8] == w._capacity and seen[0][9] == 4
+    # the re-plans took the staged path: tables staged with the plan, then one copy call into bufs
+    assert sim.counts["table_copies"] == 2 and w._h_indptr is None
     with pytest.raises(InputError, match="built for batch 4"):
         w.plan(*tables([5, 5]), HQ, HKV, D, PS, q_data_type=BF16)
     sim.capturing = True  # a graph wrapper may be captured

@@ -178,6 +178,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._indices_buf = paged_kv_indices_buffer
         self._last_buf = paged_kv_last_page_len_buffer
         self._staging: Optional[MetadataStaging] = None
+        self._graph_plain: Optional[bool] = None  # see _graph_bufs_plain
         # The launcher's argument block: plan() writes its fields, run() the per-call ones. The
         # launcher reads it during the call (a CUDA graph captures the kernel parameters).
         self._args = DecodeArgs()
@@ -230,7 +231,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     self._options.clear()
                 self._options[key] = o
         planner = o.planner
-        if (planner is not None and planner.staged is not None and not self._use_cuda_graph
+        if (planner is not None and planner.staged is not None
                 and type(indptr) is _Tensor and type(last_page_len) is _Tensor and type(indices) is _Tensor
                 and indptr.dtype is _INT32 and last_page_len.dtype is _INT32 and indices.dtype is _INT32
                 and indptr.is_cpu and last_page_len.is_cpu and indptr.dim() == 1 and last_page_len.dim() == 1
@@ -296,41 +297,66 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def _plan_staged(self, o: _Options, indptr, indices, last_page_len, fixed_split_size,
                      disable_split_kv) -> bool:
-        """plan() of host indptr / last_page_len tables, page ids on the host or this device, no
-        CUDA graph, once a plan with these options has loaded the module: one native call checks
-        the table, plans it and writes plan and table into the pinned staging mirror. False when
-        the table fails a check (the checked path then raises its error); nothing is changed."""
+        """plan() of host indptr / last_page_len tables with page ids on the host or this device,
+        once a plan with these options has loaded the module: one native call checks the table,
+        plans it and writes plan and table into the pinned staging mirror. In CUDA-graph mode the
+        tables then go from the metadata buffer into the wrapper's fixed buffers in one device-to-
+        device call. False (nothing changed) when the table fails a check or the case is one the
+        Python path handles (it then raises the error or does the work)."""
         batch = last_page_len.shape[0]
         host_idx = indices.is_cpu
-        fixed = fixed_split_size * o.ps if fixed_split_size else None
+        graph = self._use_cuda_graph
         st = self._staging
-        if st is None:
-            st = self._staging = MetadataStaging(self._device, 4096)
+        if graph:
+            xb = self._indices_buf
+            if batch != self._fixed_batch or st is None or not self._graph_bufs_plain() or xb.numel() < indices.numel():
+                return False
+            capacity = self._capacity
+        else:
+            capacity = None
+            if st is None:
+                st = self._staging = MetadataStaging(self._device, 4096)
+        fixed = fixed_split_size * o.ps if fixed_split_size else None
         while True:
             host, addr = st.host_and_address()
-            plan, n = o.planner.plan_staged(indptr.data_ptr(), last_page_len.data_ptr(), batch, indices.numel(),
-                                            indices.data_ptr() if host_idx else 0, disable_split_kv, fixed,
-                                            host, addr)
+            plan, off_indptr, n = o.planner.plan_staged(
+                indptr.data_ptr(), last_page_len.data_ptr(), batch, indices.numel(),
+                indices.data_ptr() if host_idx else 0, disable_split_kv, fixed, capacity, host, addr)
             if plan is not None:
                 nnz = n
                 break
-            if n < 0:
+            if n < 0 or graph:  # a bad table; or a graph wrapper's fixed buffer is too small
                 return False
             st = self._staging = MetadataStaging(self._device, n + n // 4)  # n entries needed
         self._set_plan_state(o, batch, indices)
         self._h_indptr = self._h_last = None
         self._h_src = (indptr, last_page_len)
         self._kernel_name, self._mod, launch, _, _ = o.kernel
-        cap, slots = plan.num_items, plan.num_slots
+        cap, slots = (capacity, capacity) if graph else (plan.num_items, plan.num_slots)
         need = slots * o.hq * (o.d + 1) * 4
         if need > self._ws_bytes:
             raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
                              f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
-        off_indptr = cap * 4 + 5 + batch  # work | num_work, 0, 0, 0 | merge_indptr, then the tables
         off_last, off_idx = off_indptr + batch + 1, off_indptr + 2 * batch + 1
         st.upload(off_idx + nnz if host_idx else off_idx)
         base = st.device_ptr
-        if host_idx:
+        if graph:
+            ib, lb = self._indptr_buf, self._last_buf
+            if host_idx:
+                idx_copy = (xb.data_ptr(), base + 4 * off_idx, 4 * nnz)
+            elif indices.data_ptr() != xb.data_ptr():
+                idx_copy = (xb.data_ptr(), indices.data_ptr(), 4 * indices.numel())
+            else:  # the page ids are already in the graph buffer
+                idx_copy = (0, 0, 0)
+            rc = self._mod.fn("fi_copy_tables").raw(ib.data_ptr(), base + 4 * off_indptr, 4 * (batch + 1),
+                                                    lb.data_ptr(), base + 4 * off_last, 4 * batch, *idx_copy,
+                                                    raw_stream(self._dev_index))
+            if rc:
+                raise self._mod.error(rc, "fi_copy_tables")
+            self._d_indices = xb
+            self._d_tables = (ib, xb, lb)
+            tables = (ib.data_ptr(), xb.data_ptr(), lb.data_ptr())
+        elif host_idx:
             self._d_indices = None
             self._d_tables = None
             self._staged_indices = (off_idx, nnz)
@@ -339,9 +365,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._d_indices = indices
             self._d_tables = (indices,)
             tables = (base + 4 * off_indptr, indices.data_ptr(), base + 4 * off_last)
-        self._finish_cuda_plan(o, plan, tables, base, cap, slots, False, launch)
+        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch)
         self._planned = True
         return True
+
+    def _graph_bufs_plain(self) -> bool:
+        """The CUDA-graph table buffers are contiguous 1-D tensors on this device (what the staged
+        path copies into; anything else takes the Python path's copies)."""
+        ok = self._graph_plain
+        if ok is None:
+            ok = self._graph_plain = all(
+                b.device == self._device and b.dim() == 1 and b.is_contiguous()
+                for b in (self._indptr_buf, self._indices_buf, self._last_buf))
+        return ok
 
     def _decode_module(self, o: _Options) -> tuple:
         """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, the module load and the
@@ -407,7 +443,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if graph and st is not None:
                 raise InputError("a re-plan of a CUDA-graph wrapper needs more metadata than the "
                                  "first plan allocated")
-            st = self._staging = MetadataStaging(self._device, max(n_int + n_int // 4, 4096))
+            # a graph wrapper's buffer never moves (its address is in the captured kernels): room
+            # for the tables too, which later plans stage with the metadata (_plan_staged)
+            size = n_meta + 2 * B + 1 + self._indices_buf.numel() if graph else n_int + n_int // 4
+            st = self._staging = MetadataStaging(self._device, max(size, 4096))
         host = st.host()
         if graph:  # the grid keeps its capacity: idle items read num_work and exit
             n4 = plan.num_items * 4

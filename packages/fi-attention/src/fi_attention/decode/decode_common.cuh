@@ -346,6 +346,52 @@ inline cudaError_t launch_merge_partials(const float* part_o, const float* part_
                             o_sb, o_sh, lse);
 }
 
+// plan() of a CUDA-graph wrapper: the page tables staged with the plan go from the metadata buffer
+// into the wrapper's fixed table buffers, in stream order after the metadata upload. One small
+// kernel does the three copies: three cudaMemcpyAsync calls cost more host time (H200 host,
+// tools/probe_plan_dist.py --graph), and three copies from pageable host memory, which plan() made
+// before, cost 2-3x more again.
+struct TableCopies {
+  int32_t* dst[3];
+  const int32_t* src[3];
+  int64_t n[3];  // int32 entries
+};
+
+__global__ void __launch_bounds__(256) copy_tables_kernel(const TableCopies c) {
+  const int64_t total = c.n[0] + c.n[1] + c.n[2];
+  for (int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x; i < total; i += int64_t(gridDim.x) * 256) {
+    int64_t j = i;
+    int32_t* d = c.dst[0];
+    const int32_t* src = c.src[0];
+    if (j >= c.n[0]) {  // selects, not an indexed parameter array (which would go through the stack)
+      j -= c.n[0];
+      d = c.dst[1];
+      src = c.src[1];
+      if (j >= c.n[1]) {
+        j -= c.n[1];
+        d = c.dst[2];
+        src = c.src[2];
+      }
+    }
+    d[j] = src[j];
+  }
+}
+
+// Three (dst, src, bytes) copies between device buffers (bytes a multiple of 4, 4-byte aligned
+// pointers; 0 bytes: skipped).
+FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, const void* s1, int64_t n1, void* d2,
+                             const void* s2, int64_t n2, cudaStream_t stream) {
+  const TableCopies c{{static_cast<int32_t*>(d0), static_cast<int32_t*>(d1), static_cast<int32_t*>(d2)},
+                      {static_cast<const int32_t*>(s0), static_cast<const int32_t*>(s1),
+                       static_cast<const int32_t*>(s2)},
+                      {n0 / 4, n1 / 4, n2 / 4}};
+  const int64_t total = c.n[0] + c.n[1] + c.n[2];
+  if (total <= 0) return 0;
+  const unsigned blocks = unsigned(fi::ceil_div<int64_t>(total, 256) < 264 ? fi::ceil_div<int64_t>(total, 256) : 264);
+  copy_tables_kernel<<<blocks, 256, 0, stream>>>(c);
+  return FI_LAUNCH_STATUS();
+}
+
 // fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
 // kernel when the plan split a request (merge_batch > 0).
 template <typename QT, int D, typename Kernel, typename P>

@@ -236,20 +236,22 @@ FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indp
   return 0;
 }
 
-// fi_plan_decode for plan()'s usual case, host tables and no CUDA-graph capacity, in one call:
-// checks the page table as tables.request_lengths does (indptr[0] == 0, indptr non-decreasing,
-// indptr[batch] <= ``num_indices``, last_page_len in [1, page_size] for every request with
-// pages), plans it into ``out`` like fi_plan_decode (packed: 4 * items + 5 + batch entries), and
-// copies indptr [batch + 1], last_page_len [batch] and, when ``indices`` is not null, the
-// indptr[batch] used page ids right behind the plan, so that one host-to-device copy carries the
-// plan and its page table. ``info`` (int64 [5]): fi_plan_decode's four, then indptr[batch].
-// Returns 0; 2 when ``out_len`` is too small for all of it (info holds the items and the page
-// count, nothing is written); 3 for a bad argument; 4 for a table that fails a check (the
-// caller raises request_lengths' error).
+// fi_plan_decode for plan() of host tables, in one call: checks the page table as
+// tables.request_lengths does (indptr[0] == 0, indptr non-decreasing, indptr[batch] <=
+// ``num_indices``, last_page_len in [1, page_size] for every request with pages), plans it into
+// ``out`` like fi_plan_decode, and copies indptr [batch + 1], last_page_len [batch] and, when
+// ``indices`` is not null, the indptr[batch] used page ids right behind the plan, so that one
+// host-to-device copy carries the plan and its page table. ``capacity`` < 0: the packed layout
+// (4 * items + 5 + batch entries); else at most ``capacity`` items, laid out for a CUDA-graph grid
+// of ``capacity`` items (work [items, 4] at 0, num_work and merge_indptr at 4 * capacity).
+// ``info`` (int64 [5]): fi_plan_decode's four, then indptr[batch].
+// Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out_len`` is too small
+// for all of it (info holds the items and the page count; nothing is written); 3 for a bad
+// argument; 4 for a table that fails a check (the caller raises request_lengths' error).
 FI_EXPORT int fi_plan_decode_staged(const DecodePlanConfig* config, const int32_t* indptr,
                                     const int32_t* last_page_len, int64_t batch, int64_t num_indices,
                                     const int32_t* indices, int64_t fixed_chunk, int64_t disable_split,
-                                    int32_t* out, int64_t out_len, int64_t* info) {
+                                    int64_t capacity, int32_t* out, int64_t out_len, int64_t* info) {
   if (!config || !indptr || !last_page_len || !info || batch < 1 || config->page_size < 1) return 3;
   const int64_t ps = config->page_size;
   if (indptr[0] != 0) return 4;
@@ -261,11 +263,20 @@ FI_EXPORT int fi_plan_decode_staged(const DecodePlanConfig* config, const int32_
   const int64_t nnz = indptr[batch];
   if (nnz > num_indices) return 4;
   info[4] = nnz;
+  // room for the plan: its own entries, and in the graph layout the idle items' gap
   const int64_t tables = 2 * batch + 1 + (indices ? nnz : 0);
-  const int rc = fi_plan_decode(config, indptr, last_page_len, batch, fixed_chunk, disable_split, -1, out,
-                                out_len - tables, info);
+  const int64_t gap_room = capacity >= 0 ? capacity * 4 + 5 + batch : 0;
+  const int rc = fi_plan_decode(config, indptr, last_page_len, batch, fixed_chunk, disable_split, capacity, out,
+                                capacity >= 0 ? (out_len >= gap_room + tables ? out_len : 0) : out_len - tables,
+                                info);
   if (rc) return rc;
-  int32_t* t = out + info[FI_PLAN_ITEMS] * 4 + 5 + batch;
+  const int64_t n4 = info[FI_PLAN_ITEMS] * 4;
+  int64_t head = n4;  // num_work, 0, 0, 0, merge_indptr [batch + 1]
+  if (capacity >= 0) {
+    head = capacity * 4;
+    for (int64_t i = 5 + batch - 1; i >= 0; --i) out[head + i] = out[n4 + i];  // head >= n4: back to front
+  }
+  int32_t* t = out + head + 5 + batch;
   for (int64_t b = 0; b <= batch; ++b) t[b] = indptr[b];
   t += batch + 1;
   for (int64_t b = 0; b < batch; ++b) t[b] = last_page_len[b];

@@ -94,7 +94,10 @@ def native_noop() -> Optional[ctypes._CFuncPtr]:
     return fn
 
 
-_PLANNER_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_planner.h")
+# The header of the decode package this module's relative imports bind to: tools/host_overhead.py
+# loads this file into older trees, whose planner entry points must match their spec's arguments.
+_PLANNER_H = os.path.join(os.path.dirname(os.path.abspath(importlib.import_module(".launch", __package__).__file__)),
+                          "decode_planner.h")
 
 
 def native_planner() -> Optional[ctypes._CFuncPtr]:
@@ -127,13 +130,16 @@ class _Entry:
 class FakeModule:
     """Stands in for a loaded decode module (see fi_core.jit.Module)."""
 
-    def __init__(self, launch, planners: dict):
+    def __init__(self, launch, planners: dict, copy_tables):
         self._launch = launch
         self._planners = planners
+        self._copy_tables = copy_tables
 
     def fn(self, name: str) -> _Entry:
         if name.startswith("fi_plan_decode"):
             return _Entry(self._planners.get(name))  # None: no compiler (the Python planner)
+        if name == "fi_copy_tables":
+            return _Entry(self._copy_tables)
         return _Entry(self._launch)
 
     def fi_batch_decode_occupancy(self, addr: int) -> None:
@@ -162,13 +168,14 @@ class HostSim:
             raise ValueError(f"device_memory must be 'cpu' or 'meta', got {device_memory!r}")
         self.device_memory = device_memory
         self.launches: list = []  # (DecodeArgs copy, stream) per launch, launcher="record" only
-        self.counts = {"event_record": 0, "event_sync": 0, "stream_lookup": 0}
+        self.counts = {"event_record": 0, "event_sync": 0, "stream_lookup": 0, "table_copies": 0}
         self.capturing = False  # what the stream-capture query answers
         self.return_code = 0  # what the recording launcher returns
         self._record_fn = _LAUNCH(self._record)
         launch = native_noop() if launcher == "noop" else None
         self.launcher = "noop" if launch is not None else "record"
-        self.module = FakeModule(launch if launch is not None else self._record_fn, native_planners())
+        self.module = FakeModule(launch if launch is not None else self._record_fn, native_planners(),
+                                 self._copy_tables)
         self._saved: list = []
 
     # ---- stand-ins ----------------------------------------------------------------------
@@ -176,6 +183,16 @@ class HostSim:
         args = DecodeArgs.from_buffer_copy(ctypes.string_at(args_addr, ctypes.sizeof(DecodeArgs)))
         self.launches.append((args, stream))
         return self.return_code
+
+    def _copy_tables(self, d0, s0, n0, d1, s1, n1, d2, s2, n2, stream) -> int:
+        """fi_copy_tables: the three copies between "device" buffers, which are CPU memory here (meta
+        buffers have none: nothing to copy)."""
+        self.counts["table_copies"] += 1
+        if self.device_memory == "cpu":
+            for d, src, n in ((d0, s0, n0), (d1, s1, n1), (d2, s2, n2)):
+                if n > 0:
+                    ctypes.memmove(d, src, n)
+        return 0
 
     def _raw_stream(self, index=None) -> int:
         self.counts["stream_lookup"] += 1
@@ -261,4 +278,6 @@ class HostSim:
             w = self._batch.BatchDecodeWithPagedKVCacheWrapper(ws, **kw)
         w._device = torch.device("cuda", 0)
         w._dev_index = -1
+        if graph_buffers is not None:  # the simulated device's buffers are CPU memory
+            w._graph_plain = all(b.dim() == 1 and b.is_contiguous() for b in graph_buffers)
         return w

@@ -239,28 +239,36 @@ class NativePlanner:
                             fixed_split_size, capacity)
 
     def plan_staged(self, indptr_addr: int, last_addr: int, batch: int, num_indices: int, indices_addr: int,
-                    disable_split_kv: bool, fixed_split_size: Optional[int], out: np.ndarray, out_addr: int):
+                    disable_split_kv: bool, fixed_split_size: Optional[int], capacity: Optional[int],
+                    out: np.ndarray, out_addr: int):
         """``fi_plan_decode_staged``: check the host page table (int32 data at the given
         addresses, ``batch`` >= 1 requests), plan it into ``out`` (int32, ``out_addr`` its data
         address) and copy indptr, last_page_len and, with ``indices_addr`` != 0, the used page ids
-        behind the plan. Returns (plan, page count): the plan's arrays are views of ``out``; or
-        (None, entries needed) when ``out`` is too small; (None, -1) when the table fails a check
+        behind the plan. With ``capacity`` (CUDA-graph mode) the plan has at most that many items
+        and the grid's layout: num_work and merge_indptr at 4 * capacity. Returns (plan, offset of
+        the tables in ``out``, page count): the plan's arrays are views of ``out``; or (None, 0,
+        entries needed) when ``out`` is too small; (None, 0, -1) when the table fails a check
         (tables.request_lengths raises its error)."""
         fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
+        cap = -1 if capacity is None else capacity
         info = self._info
         rc = self.staged(self._config_addr, indptr_addr, last_addr, batch, num_indices, indices_addr, fixed,
-                         int(disable_split_kv), out_addr, out.shape[0], info)
+                         int(disable_split_kv), cap, out_addr, out.shape[0], info)
+        n_items = info[1]
+        head = n_items * 4 if cap < 0 else cap * 4
         if rc:
             if rc == 2:
-                return None, info[1] * 4 + 5 + 3 * batch + 1 + (info[4] if indices_addr else 0)
+                return None, 0, head + 5 + 3 * batch + 1 + (info[4] if indices_addr else 0)
             if rc == 4:
-                return None, -1
+                return None, 0, -1
+            if rc == 1:
+                raise ValueError(f"the plan needs {n_items} work items but the CUDA-graph buffers hold "
+                                 f"{capacity}; use a larger fixed_split_size or disable_split_kv")
             raise RuntimeError(f"fi_plan_decode_staged returned {rc} for a batch of {batch}")
-        n_items = info[1]
         n4 = n_items * 4
-        packed = out[: n4 + 5 + batch]
-        return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, info[2], info[0],
-                          n_items > batch, packed, info[3]), info[4]
+        packed = out[: head + 5 + batch]
+        return (DecodePlan(out[:n4].reshape(n_items, 4), packed[head + 4:], n_items, info[2], info[0],
+                           n_items > batch, packed, info[3]), head + 5 + batch, info[4])
 
     def plan_at(self, indptr_addr: int, last_addr: int, batch: int, disable_split_kv: bool = False,
                 fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:

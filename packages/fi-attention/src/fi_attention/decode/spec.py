@@ -43,8 +43,10 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # batch, fixed_chunk, disable_split, capacity, out, out_len, info.
 PLAN_DECODE_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i64", "ptr")
 # fi_plan_decode_staged: config, indptr, last_page_len, batch, num_indices, indices, fixed_chunk,
-# disable_split, out, out_len, info.
-PLAN_DECODE_STAGED_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "ptr", "i64", "i64", "ptr", "i64", "ptr")
+# disable_split, capacity, out, out_len, info.
+PLAN_DECODE_STAGED_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "ptr", "i64", "i64", "i64", "ptr", "i64", "ptr")
+# fi_copy_tables (decode_common.cuh): three (dst, src, bytes) device-to-device copies, stream.
+COPY_TABLES_ARGS = ("ptr", "ptr", "i64") * 3 + ("stream",)
 
 
 def mma_variant(kv_dtype: torch.dtype, arch: Arch) -> int:
@@ -85,7 +87,8 @@ def _decode_module(kind: str, source: str, q_dtype: torch.dtype, kv_dtype: torch
         entries=(Entry("fi_batch_decode", ("ptr", "stream")),
                  Entry("fi_batch_decode_occupancy", ("ptr",)),
                  Entry("fi_plan_decode", PLAN_DECODE_ARGS),
-                 Entry("fi_plan_decode_staged", PLAN_DECODE_STAGED_ARGS)),
+                 Entry("fi_plan_decode_staged", PLAN_DECODE_STAGED_ARGS),
+                 Entry("fi_copy_tables", COPY_TABLES_ARGS)),
         package="fi_attention",
     )
 
