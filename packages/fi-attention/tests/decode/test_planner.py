@@ -311,3 +311,61 @@ def test_native_planner_counts_items_exactly_where_the_reciprocal_rounds_down(na
     got = NativePlanner(native, 8, 132, 3, 1)(indptr, np.ones(3, np.int32), capacity=5)
     want = plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=3, capacity=5)
     assert (got.chunk, got.num_items) == (want.chunk, want.num_items) == (0, 3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_staged_native_planner_writes_the_plan_and_the_tables(seed):
+    # fi_plan_decode_staged (plan() of host tables): the same plan as plan_decode, in the packed
+    # layout or, with a capacity, the CUDA-graph grid's (num_work and merge_indptr at 4 * capacity),
+    # followed by indptr, last_page_len and the used page ids; bad tables answer -1
+    from fi_attention.decode.hostsim import native_planners  # noqa: PLC0415
+    from fi_attention.decode.planner import NativePlanner  # noqa: PLC0415
+    fns = native_planners()
+    if "fi_plan_decode_staged" not in fns:
+        pytest.skip("no system C++ compiler to build decode_planner.h")
+    rng = np.random.default_rng(3000 + seed)
+    for it in range(300):
+        batch = int(rng.integers(1, 300))
+        lens = rng.integers(0 if it % 5 == 0 else 1, int(rng.choice([300, 20000, 70000])), size=batch)
+        if it % 4 == 0:
+            lens[:] = lens[0]
+        units, sm, ctas, ps = int(rng.choice([1, 8, 32])), int(rng.choice([132, 16])), int(rng.integers(1, 4)), 16
+        planner = NativePlanner(fns["fi_plan_decode"], units, sm, ctas, ps, fns["fi_plan_decode_staged"])
+        indptr, last = _tables(rng, lens, ps)
+        nnz = int(indptr[-1])
+        ids = rng.permutation(nnz + 7).astype(np.int32)
+        host_ids = it % 2 == 0
+        capacity = int(rng.integers(batch, 3 * batch + 50)) if it % 3 == 0 else None
+        kw = {"disable_split_kv": True} if it % 11 == 0 else {}
+        want, want_err = _plan_or_error(plan_decode, lens, kv_units=units, sm_count=sm, ctas_per_sm=ctas,
+                                        capacity=capacity, **kw)
+        args = (indptr.ctypes.data, last.ctypes.data, batch, len(ids), ids.ctypes.data if host_ids else 0,
+                kw.get("disable_split_kv", False), None, capacity)
+        out = np.full(1, -7, dtype=np.int32)  # too small: the call answers the size it needs
+        try:
+            plan, off, n = planner.plan_staged(*args, out, out.ctypes.data)
+        except ValueError as e:
+            assert want_err is not None and str(e) == want_err, (it, batch)
+            continue
+        assert want is not None and plan is None and n > 1, (it, batch)
+        out = np.full(n, -7, dtype=np.int32)
+        plan, off, got_nnz = planner.plan_staged(*args, out, out.ctypes.data)
+        case = (it, batch, units, sm, ctas, capacity, host_ids)
+        assert got_nnz == nnz and plan.num_items == want.num_items and plan.chunk == want.chunk, case
+        assert np.array_equal(plan.work, want.work) and np.array_equal(plan.merge_indptr, want.merge_indptr), case
+        head = 4 * (want.num_items if capacity is None else capacity)
+        assert out[head] == want.num_items and off == head + 5 + batch, case
+        t = out[off:]
+        assert np.array_equal(t[: batch + 1], indptr) and np.array_equal(t[batch + 1: 2 * batch + 1], last), case
+        assert np.array_equal(t[2 * batch + 1: 2 * batch + 1 + nnz], ids[:nnz]) if host_ids else len(t) == 2 * batch + 1
+    indptr, last = _tables(rng, np.array([40, 0, 100]), ps)  # pages 3, 0, 7
+    bad_last = last.copy()
+    bad_last[2] = ps + 1
+    for ip, la, num in ((indptr + 1, last, 20), (indptr, bad_last, 20), (indptr, last, 9)):
+        out = np.zeros(1 << 12, dtype=np.int32)
+        plan, _, n = planner.plan_staged(ip.ctypes.data, la.ctypes.data, 3, num, 0, False, None, None, out,
+                                         out.ctypes.data)
+        assert plan is None and n == -1
+    plan, _, n = planner.plan_staged(indptr.ctypes.data, last.ctypes.data, 3, 10, 0, False, None, None, out,
+                                     out.ctypes.data)
+    assert plan is not None and n == 10  # the same table, valid: 10 pages of 10 page ids
