@@ -1,4 +1,6 @@
-// Split-KV planner of batch decode for non-uniform batches, in host C++.
+// Split-KV planner of batch decode in host C++: plan() of a non-uniform batch, and of every host
+// page table from a wrapper's second plan on (fi_plan_decode_staged, which also checks and stages
+// the table).
 //
 // It makes the same plans as fi_attention.decode.planner.plan_decode, bit for bit
 // (tests/decode/test_planner.py runs both on thousands of random batches). That module is the
@@ -256,7 +258,7 @@ FI_EXPORT int fi_plan_decode_staged(const DecodePlanConfig* config, const int32_
   const int64_t ps = config->page_size;
   if (indptr[0] != 0) return 4;
   for (int64_t b = 0; b < batch; ++b) {
-    const int32_t pages = indptr[b + 1] - indptr[b];
+    const int64_t pages = (int64_t)indptr[b + 1] - indptr[b];  // int64: no overflow on any int32 pair
     if (pages < 0) return 4;
     if (pages > 0 && (last_page_len[b] < 1 || last_page_len[b] > ps)) return 4;
   }

@@ -16,9 +16,10 @@ that the other CTAs of its SM only partly hide. Either way a split adds the merg
 writes a partial (o, lse) into the float workspace, and a merge kernel combines a request's
 partials.
 
-This module is the specification, used for uniform batches (whose plans are cached) and on CPU;
-plan() of a non-uniform batch runs the same search in native code (:class:`NativePlanner`,
-decode_planner.h), which the tests hold to bit-identical plans.
+This module is the specification, used for a wrapper's first plan of a uniform batch (whose plans
+are cached) and on CPU; plan() of a non-uniform batch, and of any host page table from a wrapper's
+second plan on, runs the same search in native code (:class:`NativePlanner`, decode_planner.h),
+which the tests hold to bit-identical plans.
 
 A work item is ``(request, token_begin, token_end, slot)``; ``slot`` is -1 for a request that is
 not split (the decode kernel writes the output directly) and otherwise indexes the partial
