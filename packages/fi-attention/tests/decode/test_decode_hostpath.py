@@ -496,3 +496,21 @@ def test_staged_path_grows_the_metadata_buffer(sim):
     w.run(q, cache_for(big[1]))
     a = sim.launches[-1][0]
     assert ints(w._staging.device_buf, a.kv_indices, int(big[0][-1])) == big[1].tolist()
+
+
+def test_cuda_graph_replan_past_the_staged_room_takes_the_python_path(sim):
+    """A graph wrapper's metadata buffer is sized at its first plan (its address is in captured
+    kernels): a later plan with more host page ids than that plan's + 25 % does not fit the
+    staged layout and copies its tables the Python way, with the same result."""
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(8192, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    w = sim.wrapper(graph_buffers=bufs)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    for lens, copies in (([16, 16], 0), ([20, 16], 1), ([40000, 30000], 1)):  # 2, 3 (staged), 4375 pages
+        indptr, indices, last = tables(lens, seed=len(lens) + lens[0])
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        assert sim.counts["table_copies"] == copies
+        w.run(q, cache_for(bufs[1]))
+        a = sim.launches[-1][0]
+        assert (a.kv_indptr, a.kv_indices, a.kv_last_page_len) == tuple(b.data_ptr() for b in bufs)
+        assert bufs[0].tolist() == indptr.tolist() and bufs[2].tolist() == last.tolist()
+        assert bufs[1][: indices.numel()].tolist() == indices.tolist()

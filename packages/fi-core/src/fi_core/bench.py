@@ -286,19 +286,7 @@ def time_host_stats(fn: Callable[[], Any], iters: int = 2000, warmup: int = 200,
     and CUDA driver calls (benchmarks/results/h200/probe_plan_dist_session12.txt): the median is
     what this run saw, the minimum what the code costs when the host runs at full speed.
     """
-    import time  # noqa: PLC0415
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    means = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        means.append((time.perf_counter() - t0) / iters * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(means), min(means), max(means)
+    return time_host_interleaved({0: fn}, iters, warmup, batches)[0]
 
 
 def time_host_interleaved(fns: dict, iters: int = 200, warmup: int = 20,

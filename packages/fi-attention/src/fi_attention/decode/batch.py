@@ -333,10 +333,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._h_src = (indptr, last_page_len)
         self._kernel_name, self._mod, launch, _, _ = o.kernel
         cap, slots = (capacity, capacity) if graph else (plan.num_items, plan.num_slots)
-        need = slots * o.hq * (o.d + 1) * 4
-        if need > self._ws_bytes:
-            raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
-                             f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
+        self._check_workspace(o, slots)
         off_last, off_idx = off_indptr + batch + 1, off_indptr + 2 * batch + 1
         st.upload(off_idx + nnz if host_idx else off_idx)
         base = st.device_ptr
@@ -356,18 +353,32 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._d_indices = xb
             self._d_tables = (ib, xb, lb)
             tables = (ib.data_ptr(), xb.data_ptr(), lb.data_ptr())
-        elif host_idx:
-            self._d_indices = None
-            self._d_tables = None
-            self._staged_indices = (off_idx, nnz)
-            tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
         else:
-            self._d_indices = indices
-            self._d_tables = (indices,)
-            tables = (base + 4 * off_indptr, indices.data_ptr(), base + 4 * off_last)
+            tables = self._point_at_staging(base, off_indptr, batch, nnz, None if host_idx else indices)
         self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch)
         self._planned = True
         return True
+
+    def _check_workspace(self, o: _Options, slots: int) -> None:
+        """Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]."""
+        need = slots * o.hq * (o.d + 1) * 4
+        if need > self._ws_bytes:
+            raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
+                             f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
+
+    def _point_at_staging(self, base: int, off_indptr: int, batch: int, nnz: int, d_indices) -> tuple:
+        """Kernel table addresses (indptr, indices, last_page_len) when indptr and last_page_len
+        sit behind the plan in the metadata buffer at ``base``, and the page ids too (``d_indices``
+        None) or in the device tensor ``d_indices``. Holds what run() must keep alive."""
+        off_last, off_idx = off_indptr + batch + 1, off_indptr + 2 * batch + 1
+        if d_indices is None:  # addresses inside the metadata buffer; the tensor view only if needed
+            self._d_indices = None
+            self._d_tables = None
+            self._staged_indices = (off_idx, nnz)
+            return base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last
+        self._d_indices = d_indices
+        self._d_tables = (d_indices,)
+        return base + 4 * off_indptr, d_indices.data_ptr(), base + 4 * off_last
 
     def _graph_bufs_plain(self) -> bool:
         """The CUDA-graph table buffers are contiguous 1-D tensors on this device (what the staged
@@ -424,10 +435,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # CUDA-graph mode the lse offset is sized for the capacity so that it never moves.
         cap = capacity if graph else plan.num_items
         slots = cap if graph else plan.num_slots
-        need = slots * o.hq * (o.d + 1) * 4
-        if need > self._ws_bytes:
-            raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
-                             f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
+        self._check_workspace(o, slots)
         # int32 metadata: work [cap, 4] | num_work (padded to 16 B) | merge_indptr [B + 1], then,
         # when indptr and last_page_len came from the host (non-graph mode), indptr |
         # last_page_len and, if also on the host, indices in the same buffer: one host-to-device
@@ -444,8 +452,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise InputError("a re-plan of a CUDA-graph wrapper needs more metadata than the "
                                  "first plan allocated")
             # a graph wrapper's buffer never moves (its address is in the captured kernels): room
-            # for the tables too, which later plans stage with the metadata (_plan_staged)
-            size = n_meta + 2 * B + 1 + self._indices_buf.numel() if graph else n_int + n_int // 4
+            # for the tables too, which later plans stage with the metadata (_plan_staged; a later
+            # plan with more host page ids than this one's + 25 % takes this path instead)
+            ids = nnz + nnz // 4 if indices.is_cpu else 0
+            size = n_meta + 2 * B + 1 + ids if graph else n_int + n_int // 4
             st = self._staging = MetadataStaging(self._device, max(size, 4096))
         host = st.host()
         if graph:  # the grid keeps its capacity: idle items read num_work and exit
@@ -464,15 +474,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
         base = st.device_ptr
-        if stage_idx:  # addresses inside the metadata buffer; the tensor view is made only if needed
-            self._d_indices = None
-            self._d_tables = None
-            self._staged_indices = (off_idx, nnz)
-            tables = (base + 4 * off_indptr, base + 4 * off_idx, base + 4 * off_last)
-        elif stage:  # the usual serving layout: indices on the device, the rest staged above
-            self._d_indices = self._dev_table(indices, self._indices_buf, graph, non_blocking)
-            self._d_tables = (self._d_indices,)
-            tables = (base + 4 * off_indptr, self._d_indices.data_ptr(), base + 4 * off_last)
+        if stage:  # page ids staged too, or on the device (the usual serving layout)
+            tables = self._point_at_staging(base, off_indptr, B, nnz, None if stage_idx else
+                                            self._dev_table(indices, self._indices_buf, graph, non_blocking))
         else:
             self._d_indices = self._dev_table(indices, self._indices_buf, graph, non_blocking)
             # Held until the next plan: the kernels read these at run(). A table copied here from
