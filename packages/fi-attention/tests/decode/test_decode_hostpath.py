@@ -498,17 +498,17 @@ def test_staged_path_grows_the_metadata_buffer(sim):
     assert ints(w._staging.device_buf, a.kv_indices, int(big[0][-1])) == big[1].tolist()
 
 
-def test_cuda_graph_replan_past_the_staged_room_takes_the_python_path(sim):
+def test_cuda_graph_replans_stage_host_ids_up_to_the_graph_buffer(sim):
     """A graph wrapper's metadata buffer is sized at its first plan (its address is in captured
-    kernels): a later plan with more host page ids than that plan's + 25 % does not fit the
-    staged layout and copies its tables the Python way, with the same result."""
-    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(8192, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    kernels): with host page ids it holds as many as the graph's indices buffer, so requests that
+    grow from a few pages to the whole buffer keep the staged path."""
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(4400, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
     w = sim.wrapper(graph_buffers=bufs)
     q = torch.zeros(2, HQ, D, dtype=BF16)
-    for lens, copies in (([16, 16], 0), ([20, 16], 1), ([40000, 30000], 1)):  # 2, 3 (staged), 4375 pages
-        indptr, indices, last = tables(lens, seed=len(lens) + lens[0])
+    for i, lens in enumerate(([16, 16], [20, 16], [40000, 30000])):  # 2, 3, 4375 pages
+        indptr, indices, last = tables(lens, seed=i)
         w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
-        assert sim.counts["table_copies"] == copies
+        assert sim.counts["table_copies"] == i  # the first plan copies the Python way, then staged
         w.run(q, cache_for(bufs[1]))
         a = sim.launches[-1][0]
         assert (a.kv_indptr, a.kv_indices, a.kv_last_page_len) == tuple(b.data_ptr() for b in bufs)

@@ -452,10 +452,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise InputError("a re-plan of a CUDA-graph wrapper needs more metadata than the "
                                  "first plan allocated")
             # a graph wrapper's buffer never moves (its address is in the captured kernels): room
-            # for the tables too, which later plans stage with the metadata (_plan_staged; a later
-            # plan with more host page ids than this one's + 25 % takes this path instead)
-            ids = nnz + nnz // 4 if indices.is_cpu else 0
-            size = n_meta + 2 * B + 1 + ids if graph else n_int + n_int // 4
+            # for the tables too, which later plans stage with the metadata (_plan_staged), with
+            # the page ids when they come from the host: as many as the graph's indices buffer
+            # holds, so that growing requests keep the staged path (device page ids need none;
+            # a later plan with host ids then copies them the Python way)
+            if graph:
+                size = n_meta + 2 * B + 1 + (self._indices_buf.numel() if indices.is_cpu else 0)
+            else:
+                size = n_int + n_int // 4
             st = self._staging = MetadataStaging(self._device, max(size, 4096))
         host = st.host()
         if graph:  # the grid keeps its capacity: idle items read num_work and exit
