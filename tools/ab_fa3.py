@@ -10,7 +10,8 @@ them alike.
 
 Cases (GQA 32/8, bf16, causal unless named full): single2k / single4k / single8k / single16k, full4k,
 single4k_d256 (head_dim 256), ragged (16 x 2048), paged (the same batch, page 16, pages in random
-order), paged_seq (page 16, pages in order), paged128 (page 128, random order).
+order), paged_seq (page 16, pages in order), paged128 (page 128, random order),
+paged128_ragged_layout (page 128, pages in order, K and V in two tensors: ragged's addresses).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
 another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git show``). ``--build-only``
@@ -96,10 +97,11 @@ def cases(names, dev):
             def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal, d=d):
                 rr(q, k, v, None, None, o, None, causal=causal, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1)
             flops = 4.0 * L * L * HQ * d / (2 if causal else 1)
-        elif name in ("ragged", "paged", "paged_seq", "paged128"):
+        elif name in ("ragged", "paged", "paged_seq", "paged128", "paged128_ragged_layout"):
             # paged: page 16, pages in random order; paged_seq: page 16 in order; paged128: page
-            # 128 in random order (one box per tile half, as ragged)
-            batch, L, page = 16, 2048, 128 if name == "paged128" else 16
+            # 128 in random order (one box per tile half, as ragged); paged128_ragged_layout: page
+            # 128 in order with K and V in two tensors: the bytes and addresses of the ragged case
+            batch, L, page = 16, 2048, 128 if name.startswith("paged128") else 16
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
             o = torch.empty_like(q)
             qo = torch.arange(batch + 1, **i32) * L
@@ -111,9 +113,13 @@ def cases(names, dev):
                     rr(q, k, v, qo, qo, o, None, causal=True, sm_scale=D ** -0.5, max_qo_len=L, batch_size=batch)
             else:
                 pages = batch * L // page
-                cache = testing.randn((pages, 2, page, HKV, D), bf16, dev, seed=7)
-                kc, vc = cache[:, 0], cache[:, 1]
-                idx = (torch.arange(pages) if name == "paged_seq"
+                if name == "paged128_ragged_layout":
+                    kc = testing.randn((pages, page, HKV, D), bf16, dev, seed=5)
+                    vc = testing.randn((pages, page, HKV, D), bf16, dev, seed=6)
+                else:
+                    cache = testing.randn((pages, 2, page, HKV, D), bf16, dev, seed=7)
+                    kc, vc = cache[:, 0], cache[:, 1]
+                idx = (torch.arange(pages) if name in ("paged_seq", "paged128_ragged_layout")
                        else torch.randperm(pages, generator=testing.generator(0))).to(**i32)
                 kvp = torch.arange(batch + 1, **i32) * (L // page)
                 last = torch.full((batch,), page, **i32)

@@ -7,6 +7,7 @@
 Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192;
 for the decode cases, DECODE_AB=NAME=N,... in the environment builds -DFI_NAME=N),
 prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
+prefill_paged128_ragged_layout (the paged kernel on page 128 in order, K and V in two tensors),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
 single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
 prefill_fa2_causal (the portable fa2 kernel on the same L=8192 causal prefill), segment_lora (segment
@@ -41,15 +42,21 @@ def _decode(batch, kv_len, kv_dtype=torch.bfloat16, hq=32, hkv=8, d=128, page=16
     return lambda: w.run(q, cache)
 
 
-def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16):
+def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_layout=False):
+    """ragged_layout: pages in order, K and V as two tensors (the ragged case's addresses)."""
     from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
 
     pages = length // page
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * length
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
     indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    if ragged_layout:
+        indices = torch.arange(batch * pages, dtype=torch.int32)
     last = torch.full((batch,), page, dtype=torch.int32)
     cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    if ragged_layout:
+        cache = (torch.randn(batch * pages, page, hkv, d, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(batch * pages, page, hkv, d, device="cuda", dtype=torch.bfloat16))
     q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
                                             backend="fa3")
@@ -128,6 +135,7 @@ CASES = {
     "decode_fp8": lambda: _decode(128, 8192, torch.float8_e4m3fn),
     "prefill_paged": _prefill_paged,
     "prefill_ragged": _prefill_ragged,
+    "prefill_paged128_ragged_layout": lambda: _prefill_paged(page=128, ragged_layout=True),
     "prefill_full": lambda: _prefill_single(4096, causal=False),
     "prefill_causal": lambda: _prefill_single(8192, causal=True),
     "prefill_fa2_causal": lambda: _prefill_single(8192, causal=True, backend="fa2"),

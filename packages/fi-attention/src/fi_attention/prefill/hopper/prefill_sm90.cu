@@ -97,7 +97,7 @@ static_assert(kHeadDim % kBoxCols == 0, "head_dim must be a multiple of 64");
 //   d = 64:   56/216. The same producer spills even at 40 here; the consumers need far less.
 //   d = 256:  24/240. The consumers hold a 64x256 fp32 O (128 registers) and spill below 240; the
 //             one-tile-per-CTA producer fits in 24. 24*128 + 240*256 = 64512 exactly: the consumers
-//             keep the per-tile scalars in shared memory (SharedStorage::tile_scalars) to fit.
+//             read the per-tile scalars from shared memory (TileDesc) at each use to fit.
 constexpr int kProducerRegs = kHeadDim == 64 ? 56 : kHeadDim == 128 ? 40 : 24;
 constexpr int kConsumerRegs = kHeadDim == 64 ? 216 : kHeadDim == 128 ? 232 : 240;
 constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;  // per thread, from __launch_bounds__
@@ -142,6 +142,27 @@ using TiledMmaPV = decltype(make_tiled_mma(
 // accumulator of the 16 S columns it came from, so P reuses S's register order.
 using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
 
+// What the consumers know of a work tile, written to shared memory by the producer thread that
+// loads its Q (before the arrive on bar_q that the consumers wait on, which releases the writes).
+// The consumers read no indptr or page table: decoding a tile from global memory (dependent L2
+// round trips for indptrs and last_page_len) sat at the start and end of every tile on the
+// consumers' critical path. Read with lds at each use (never held in registers through the KV
+// loop: that made the d=256 consumers spill at 240). Slot q_it % 2: the producer writes tile q_it
+// after the consumers' release of Q for tile q_it - 1, by which time tile q_it - 2, the slot's
+// previous tile, is finished.
+enum TileDescField {
+  kDescKind,     // kTileWork, kTileNoKeys (no row sees a key: O = 0, lse = -inf), kTileEnd
+  kDescRowDiag,  // m_block * kBlockM + kv_len - qo_len: tile row r sees keys j <= r + row_diag
+  kDescKvLen,
+  kDescNStart,   // KV tiles [n_start, n_end), walked from the last
+  kDescNEnd,
+  kDescQRow,     // token index of the tile's first query row (qo_start + m_block * kBlockM)
+  kDescRows,     // query rows of the tile (<= kBlockM)
+  kDescHead,
+  kDescInts
+};
+enum TileKind { kTileWork = 0, kTileNoKeys = 1, kTileEnd = 2 };
+
 struct alignas(1024) SharedStorage {
   Element q[kBlockM * kHeadDim];                 // every box starts on a 1024-byte swizzle period
   Element k[kStages * kBlockN * kHeadDim];
@@ -155,10 +176,9 @@ struct alignas(1024) SharedStorage {
   // extra half iteration and serialise the next K load behind the P V GEMM.
   uint64_t empty_k[kStages];
   uint64_t empty_v[kStages];
-  // Per-tile scalars of the consumers (row_diag, kv_len), one slot per consumer warp, written by
-  // its lane 0 between two __syncwarp at the top of a tile and re-read (lds) at each use: held in
-  // registers through the KV loop they made the d=256 consumers spill at 240.
-  int tile_scalars[kConsumerThreads / 32][2];
+  // The consumers' work tiles, published by the producer (see TileDesc): slot q_it % 2 holds the
+  // q_it-th tile of this CTA.
+  int tiles[2][kDescInts];
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to align the base
@@ -230,7 +250,7 @@ FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int
       : "memory");
 }
 // Shared-memory access the compiler keeps in program order and never hoists or caches in a
-// register across uses (volatile asm): see SharedStorage::tile_scalars.
+// register across uses (volatile asm): see TileDesc.
 FI_DEVICE int lds(const int* ptr) {
   int v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(smem_u32(ptr)));
@@ -306,7 +326,8 @@ FI_DEVICE Tile tile_info(const Params& p, int t) {
 #if FI_PAGED
   w.kv_start = p.kv_indptr[w.b];  // first page of the request in kv_indices
   const int num_pages = p.kv_indptr[w.b + 1] - w.kv_start;
-  w.kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + p.last_page_len[w.b] : 0;
+  const int last = p.last_page_len[w.b];  // loaded with the indptrs, not after them
+  w.kv_len = num_pages > 0 ? (num_pages - 1) * p.page_size + last : 0;
 #else
   w.kv_start = single ? 0 : p.kv_indptr[w.b];
   w.kv_len = single ? p.single_kv_len : p.kv_indptr[w.b + 1] - w.kv_start;
@@ -327,9 +348,9 @@ FI_DEVICE Tile tile_info(const Params& p, int t) {
 
 // Persistent CTAs: CTA c takes tiles c, then 2G-1-c, then 2G+c, ... (G = gridDim.x): a snake over
 // the longest-first order, so a CTA that got a longer tile in one round gets a shorter one in the
-// next. Producer and consumers walk the same sequence and skip the same tiles, so their running
-// pipeline counters (stage, phase) stay in lockstep across tiles; the next tile's Q and first K
-// load while the consumers finish the current tile (no per-CTA launch/prologue bubble).
+// next. The producer walks the sequence and hands each tile to the consumers (TileDesc), so their
+// running pipeline counters (stage, phase) stay in lockstep across tiles; the next tile's Q and
+// first K load while the consumers finish the current tile (no per-CTA launch/prologue bubble).
 // With gridDim.x == number of tiles every CTA does exactly one tile (the non-persistent launch).
 FI_DEVICE int tile_of(int round, int cta, int grid) {
   return round * grid + ((round & 1) ? grid - 1 - cta : cta);
@@ -371,25 +392,49 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     constexpr bool kSpread = kPaged && kHeadDim <= 128;
     [[maybe_unused]] constexpr int kBoxesPerWarp = (kBlockN / 8 + 3) / 4;  // page_size >= 8
     const int lane = threadIdx.x % 32, pwarp = threadIdx.x / 32;
-    if (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1)) {
+    // Pages that hold a whole KV tile make one box per tile: warps 1-3 would have nothing to issue
+    // but would still wait on every stage, taking issue slots from the consumers on their
+    // schedulers (tools/ab_fa3.py, page 128: x1.025-1.029 with them gone).
+    const bool idle = kSpread && pwarp != 0 && p.page_size >= kBlockN;
+    const bool writer = pwarp == 0 && lane == 0;  // publishes the tiles and loads their Q
+    if (!idle && (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1))) {
       int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
-      int q_it = 0;   // query tiles loaded so far
+      int q_it = 0;   // tiles published so far
+      // The single Q buffer (and so the next descriptor slot) is free once both consumer
+      // warpgroups finished the previous tile's last Q K^T; this overlaps the Q load with their
+      // last P V and epilogue.
+      auto publish = [&](int kind, const Tile& w) {
+        mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
+        int* d = ss.tiles[q_it & 1];
+        sts(&d[kDescKind], kind);
+        if (kind != kTileEnd) {
+          sts(&d[kDescRowDiag], w.m_block * kBlockM + w.diag);
+          sts(&d[kDescKvLen], w.kv_len);
+          sts(&d[kDescNStart], w.n_start);
+          sts(&d[kDescNEnd], w.n_end);
+          sts(&d[kDescQRow], w.qo_start + w.m_block * kBlockM);
+          sts(&d[kDescRows], min(kBlockM, w.qo_len - w.m_block * kBlockM));
+          sts(&d[kDescHead], w.head);
+        }
+        if (kind == kTileWork) {
+          mbar_expect_tx(&ss.bar_q, kQBytes);  // arrives: releases the descriptor with it
+          for (int bx = 0; bx < kBoxes; ++bx)
+            tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, w.head,
+                          w.qo_start + w.m_block * kBlockM, p.q_heads_outer);
+        } else {
+          mbar_arrive(&ss.bar_q);
+        }
+      };
       for (int round = 0;; ++round) {
         const int t = tile_of(round, cta, grid);
         if (t >= num_tiles || (!kPersistent && round > 0)) break;
         const Tile w = tile_info(p, t);
-        if (!w.valid || w.n_end <= w.n_start) continue;  // the consumers skip the same tiles
-        const int kv_head = w.head / p.group_size;
-        if (pwarp == 0 && lane == 0) {
-          // The single Q buffer is free once both consumer warpgroups finished the previous
-          // tile's last Q K^T; this overlaps the Q load with their last P V and epilogue.
-          mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
-          mbar_expect_tx(&ss.bar_q, kQBytes);
-          for (int bx = 0; bx < kBoxes; ++bx)
-            tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, w.head,
-                          w.qo_start + w.m_block * kBlockM, p.q_heads_outer);
-        }
+        if (!w.valid) continue;  // past the request's queries: nothing to write
+        const bool keys = w.n_end > w.n_start;
+        if (writer) publish(keys ? kTileWork : kTileNoKeys, w);
         ++q_it;
+        if (!keys) continue;
+        const int kv_head = w.head / p.group_size;
         for (int n = w.n_end - 1; n >= w.n_start; --n, ++kv_it) {
           const int s = kv_it % kStages;
           const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
@@ -479,6 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 #endif
         }
       }
+      if (writer) publish(kTileEnd, Tile{});
     }
     return;
   }
@@ -511,13 +557,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   row_in_tile[0] = get<0>(tScS(0));
   row_in_tile[1] = get<0>(tScS(2));
 
-  // Per-tile state read by the lambdas below, stored at the top of each work tile in this warp's
-  // shared-memory slot (the consumers sit at the 240-register limit at d=256): row_diag =
-  // m_block * kBlockM + diag, so tile row r sees keys j <= r + row_diag, and kv_len. The epilogue
-  // re-derives the rest from the tile id.
-  int* scalars = ss.tile_scalars[tid / 32];
-  auto row_diag_of = [&]() { return lds(&scalars[0]); };
-  auto kv_len_of = [&]() { return lds(&scalars[1]); };
+  int q_it = 0;  // tiles received so far; the current one's descriptor (TileDesc) is read at each use
+  auto desc = [&](int field) { return lds(&ss.tiles[q_it & 1][field]); };
+  auto row_diag_of = [&]() { return desc(kDescRowDiag); };
+  auto kv_len_of = [&]() { return desc(kDescKvLen); };
   const int window = p.window_left;
   const float sl2 = p.scale_log2;
   // Soft cap: S <- tanh(S * sm_scale / cap); the cap itself is folded into sl2.
@@ -598,37 +641,29 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   };
 
   int kv_it = 0;  // KV tiles consumed by this CTA so far: stage and phase, in step with the producer
-  int q_it = 0;   // query tiles consumed so far
-  for (int round = 0;; ++round) {
-    const int t = tile_of(round, cta, grid);
-    if (t >= num_tiles || (!kPersistent && round > 0)) break;
-    int n_start, n;
-    {
-      const Tile w = tile_info(p, t);
-      if (!w.valid) continue;
-      if (w.n_end <= w.n_start) {
-        // No row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention). The
-        // producer skipped the tile too, so no barrier is involved.
-        const int rows = min(kBlockM, w.qo_len - w.m_block * kBlockM);
-        for (int idx = tid; idx < rows * kHeadDim; idx += kConsumerThreads) {
-          const int r = idx / kHeadDim, c = idx % kHeadDim;
-          p.o[int64_t(w.qo_start + w.m_block * kBlockM + r) * p.o_tok + int64_t(w.head) * p.o_head + c] =
-              Element(0.f);
-        }
-        if (p.lse != nullptr)
-          for (int r = tid; r < rows; r += kConsumerThreads)
-            p.lse[int64_t(w.qo_start + w.m_block * kBlockM + r) * p.num_qo_heads + w.head] = fi::kNegInf;
-        continue;
+  for (;; ++q_it) {
+    // A CTA of the non-persistent launch (d = 256) has one tile; saying so keeps the loop's state
+    // out of the registers of its consumers, which sit at the 240 limit.
+    if (!kPersistent && q_it > 0) break;
+    // The producer's arrive on bar_q publishes the tile (and, for a work tile, its Q lands).
+    mbar_wait(&ss.bar_q, q_it & 1);
+    const int kind = desc(kDescKind);
+    if (kind == kTileEnd) break;
+    if (kind == kTileNoKeys) {
+      // No row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention). The
+      // producer loads no Q or K/V for it.
+      const int rows = desc(kDescRows), q_row = desc(kDescQRow), head = desc(kDescHead);
+      for (int idx = tid; idx < rows * kHeadDim; idx += kConsumerThreads) {
+        const int r = idx / kHeadDim, c = idx % kHeadDim;
+        p.o[int64_t(q_row + r) * p.o_tok + int64_t(head) * p.o_head + c] = Element(0.f);
       }
-      __syncwarp();  // every lane of the warp is done with the previous tile's scalars
-      if (tid % 32 == 0) {
-        sts(&scalars[0], w.m_block * kBlockM + w.diag);
-        sts(&scalars[1], w.kv_len);
-      }
-      __syncwarp();
-      n_start = w.n_start;
-      n = w.n_end - 1;
+      if (p.lse != nullptr)
+        for (int r = tid; r < rows; r += kConsumerThreads) p.lse[int64_t(q_row + r) * p.num_qo_heads + head] = fi::kNegInf;
+      mbar_arrive(&ss.empty_q);  // done with the descriptor: the producer may publish the next
+      continue;
     }
+    const int n_start = desc(kDescNStart);
+    int n = desc(kDescNEnd) - 1;
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
       row_max[i] = fi::kNegInf;
@@ -637,8 +672,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     CUTE_UNROLL
     for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
 
-    mbar_wait(&ss.bar_q, q_it & 1);
-    ++q_it;
     float rescale[2];  // the O factor of the latest softmax
     {
       const int s = kv_it % kStages;
@@ -699,32 +732,31 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 
     // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE. Straight
     // from registers (no smem), so the producer's loads for the next tile proceed meanwhile.
-    // The tile's coordinates are re-read (L1 hits) rather than kept live through the KV loop.
-    const Tile w = tile_info(p, t);
+    // The tile's coordinates come from its descriptor (shared memory).
+    const int rows = desc(kDescRows), q_row = desc(kDescQRow), head = desc(kDescHead);
     float inv[2];
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
       row_sum[i] = quad_sum(row_sum[i]);
       inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
     }
-    const int q_base = w.m_block * kBlockM;
-    Element* o_head = p.o + int64_t(w.head) * p.o_head;
+    Element* o_tile = p.o + int64_t(head) * p.o_head + int64_t(q_row) * p.o_tok;
     CUTE_UNROLL
     for (int v = 0; v < size(tOrO); v += 2) {
       const int r = get<0>(tOcO(v));
       const int c = get<1>(tOcO(v));
-      if (q_base + r < w.qo_len) {
+      if (r < rows) {
         const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
-        *reinterpret_cast<uint32_t*>(o_head + int64_t(w.qo_start + q_base + r) * p.o_tok + c) = packed;
+        *reinterpret_cast<uint32_t*>(o_tile + int64_t(r) * p.o_tok + c) = packed;
       }
     }
     if (p.lse != nullptr && (tid % 4) == 0) {
       CUTE_UNROLL
       for (int i = 0; i < 2; ++i) {
-        const int r = q_base + row_in_tile[i];
-        if (r < w.qo_len) {
+        const int r = row_in_tile[i];
+        if (r < rows) {
           const float l = row_sum[i] > 0.f ? row_max[i] * sl2 + fi::log2_approx(row_sum[i]) : fi::kNegInf;
-          p.lse[int64_t(w.qo_start + r) * p.num_qo_heads + w.head] = l;
+          p.lse[int64_t(q_row + r) * p.num_qo_heads + head] = l;
         }
       }
     }
