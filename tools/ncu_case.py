@@ -49,14 +49,14 @@ def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_l
     pages = length // page
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * length
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    last = torch.full((batch,), page, dtype=torch.int32)
     if ragged_layout:
         indices = torch.arange(batch * pages, dtype=torch.int32)
-    last = torch.full((batch,), page, dtype=torch.int32)
-    cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16)
-    if ragged_layout:
         cache = (torch.randn(batch * pages, page, hkv, d, device="cuda", dtype=torch.bfloat16),
                  torch.randn(batch * pages, page, hkv, d, device="cuda", dtype=torch.bfloat16))
+    else:
+        indices = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+        cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
                                             backend="fa3")
