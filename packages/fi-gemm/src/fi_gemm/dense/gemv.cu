@@ -183,6 +183,24 @@ constexpr int kWarps = 8;
 #define FI_GEMV_PREWAIT 1
 #endif
 
+// FI_GEMV_SEGWC: the segment unit (XS) reads its W vectors, which 16 CTAs of a segment share
+// through L2, with the cached load (L1-allocating, no L2 fetch-around) instead of the streaming
+// one. H200, LoRA 8 x 512 rows, 4096 -> 16, tools/ab_gemv.py in turns against 0, three calls:
+// 11.26 / 11.32 / 11.30 us against 11.48 / 11.52 / 11.51 (x1.018-1.019; torch.bmm 11.48-11.73);
+// 8 x 16 rows 6.45 / 6.47 against 6.39 / 6.43 (x0.990) (gemv_ab_rot_session14.json,
+// gemv_ab_segwc_spec_session14.json, gemv_ab_segwc_u3_session14.json).
+// Measured in session 14 and not kept (same tool, 8 x 512 rows): W through per-thread
+// shared-memory slots filled by cp.async, freeing registers for 2 / 3 / 4 steps of x in flight:
+// 12.19 / 12.00 / 13.14 against 11.47 (gemv_ab_segw_session14.json); with W through L1, 3 steps
+// of x in flight: 12.64 against 11.51 (8 x 16 rows 8.14 against 6.43); the segment lookup left
+// out (a probe valid for equal whole-tile segments only): 12.09 against 11.52, slower, as in
+// session 8; each tile starting its K walk at a different round (so the wave does not read the
+// same columns of all rows at once): 11.62 against 11.48, mm_bf16 M = 16 10.82 against 10.43,
+// bmm_fp8 M = 16 6.78 against 7.19 (gemv_ab_rot_session14.json).
+#ifndef FI_GEMV_SEGWC
+#define FI_GEMV_SEGWC 1
+#endif
+
 // Everything a launch needs; passed by value (kernel parameter space), no per-call allocation.
 struct GemvParams {
   void* out;
@@ -397,7 +415,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_kernel(const GemvParams p
       for (int r = 0; r < RS; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          wv[u][r][h] = (kok && wok[r][h]) ? load_stream(wrow[r][h] + kk) : zero;
+          wv[u][r][h] = !(kok && wok[r][h]) ? zero
+                        : (XS && FI_GEMV_SEGWC) ? load_cached(wrow[r][h] + kk)
+                                                : load_stream(wrow[r][h] + kk);
 #pragma unroll
       for (int j = 0; j < NT; ++j)
         av[u][j] = !(kok && aok[j]) ? zero
