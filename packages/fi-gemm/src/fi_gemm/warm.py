@@ -14,7 +14,7 @@ import torch
 
 from fi_core import Arch, KernelSpec
 
-from .dense.spec import gemm_sm90_spec, gemv_spec
+from .dense.spec import gemm_sm80_spec, gemm_sm90_spec, gemv_spec
 from .fp8.spec import blockwise_sm90_spec
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
@@ -27,6 +27,11 @@ def gpu_test_specs(arch: Arch) -> list[KernelSpec]:
              gemv_spec(f16, f16, f16, arch), gemv_spec(bf16, bf16, f32, arch)]
     if arch.cc >= 89:
         specs += [gemv_spec(e4m3, e4m3, bf16, arch), gemv_spec(e4m3, e5m2, f16, arch)]
+    # The CUTLASS 2.x unit of Ampere / Ada; on sm_90 its tests ask for it by name.
+    specs += [gemm_sm80_spec(bf16, bf16, bf16, arch), gemm_sm80_spec(bf16, bf16, f16, arch),
+              gemm_sm80_spec(f16, f16, f16, arch)]
+    if arch.cc >= 89:
+        specs += [gemm_sm80_spec(e4m3, e4m3, bf16, arch), gemm_sm80_spec(e4m3, e5m2, f16, arch)]
     if arch.cc == 90:
         for cfg in ("mid", "large"):
             specs += [gemm_sm90_spec(bf16, bf16, bf16, cfg, arch),

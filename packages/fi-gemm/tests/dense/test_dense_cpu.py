@@ -160,10 +160,24 @@ def test_backend_reasons_per_arch(arch):
     fp8 = {b.name: b for b in api.BMM_FP8.backends}["gemv"]
     ok = fp8.reason("cuda", a, e4m3, dict(facts, fp8=True)) is None
     assert ok == (arch != "8.0")
+    # M > 16 off Hopper: the CUTLASS 2.x unit, ahead of torch in the preference order; on sm_90
+    # it is allowed too (asked for by name), but the sm90 unit comes first.
+    sm80 = by_name["cutlass_sm80"]
+    assert sm80.reason("cuda", a, bf16, big) is None
+    assert "out_dtype" in sm80.reason("cuda", a, bf16, dict(big, bias_ok=False))
+    assert "aligned" in sm80.reason("cuda", a, bf16, dict(big, k_ok=False))
+    fp8_sm80 = {b.name: b for b in api.BMM_FP8.backends}["cutlass_sm80"]
+    assert (fp8_sm80.reason("cuda", a, e4m3, dict(big, fp8=True)) is None) == (arch != "8.0")
+    names = [b.name for b in api.MM_BF16.backends]
+    assert names.index("cutlass_sm90") < names.index("cutlass_sm80") < names.index("torch")
     # the representative kernel variants used by precompile / the compile check
     specs = api.MM_BF16.specs(a)
-    assert len(specs) == (3 if arch == "9.0a" else 1)
+    assert [s.name for s in specs] == (
+        ["gemv_bf16_bf16_bf16", "gemm_sm90_bf16_bf16_bf16_mid", "gemm_sm90_bf16_bf16_bf16_large"]
+        if arch == "9.0a" else ["gemv_bf16_bf16_bf16", "gemm_sm80_bf16_bf16_bf16"])
     assert all(s.arch == a for s in specs)
+    fp8_specs = [s.name for s in api.BMM_FP8.specs(a)]
+    assert ("gemm_sm80_e4m3_e4m3_bf16" in fp8_specs) == (arch == "8.9")
 
 
 def test_fp8_large_config_is_switchable(monkeypatch):

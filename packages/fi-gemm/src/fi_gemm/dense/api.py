@@ -11,8 +11,11 @@ row-major [n, k] weight viewed transposed). Backends, in preference order:
 - ``cutlass_sm90``: CUTLASS 3.x TMA warp-specialised persistent GEMM, one tile config per shape
   class (``spec.sm90_config``: ``spec.shape_class``, fp8's large class through ``spec.FP8_LARGE``),
   sm_90a;
-- ``torch``: cuBLAS through torch.matmul for 16-bit inputs no kernel of ours takes (M > 16 off
-  Hopper until the sm_80 tile kernel lands; rows TMA cannot load);
+- ``cutlass_sm80``: CUTLASS 2.x multistage mma.sync GEMM for M > 16 on sm_80 / sm_89 (fp8:
+  sm_89), one tile config per dtype width (``spec.SM80_TILES``); on sm_90 only when asked for by
+  name;
+- ``torch``: cuBLAS through torch.matmul for 16-bit inputs no kernel of ours takes (rows that
+  are not 16-byte aligned, a bias whose dtype differs from out_dtype off Hopper);
 - ``reference``: fp32 torch math (CPU always; fp8 on CUDA when no kernel fits).
 """
 
@@ -29,7 +32,7 @@ from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .. import tuning
 from .reference import gemm_reference
-from .spec import CONFIGS_16BIT, CONFIGS_FP8, FP8, gemm_sm90_spec, gemv_spec, sm90_config
+from .spec import CONFIGS_16BIT, CONFIGS_FP8, FP8, gemm_sm80_spec, gemm_sm90_spec, gemv_spec, sm90_config
 
 _16BIT = (torch.bfloat16, torch.float16)
 _OUT = (torch.bfloat16, torch.float16)
@@ -55,16 +58,31 @@ def _sm90_check(f: dict) -> Optional[str]:
     return None
 
 
+def _sm80_check(f: dict) -> Optional[str]:
+    if not f.get("k_ok", True):
+        return "cp.async needs K-contiguous operands with 16-byte aligned rows"
+    if not f.get("d_ok", True):
+        return "needs a row-major output with 16-byte aligned rows (N % 8 == 0 for 16-bit outputs)"
+    if not f.get("bias_ok", True):
+        return "adds the bias as the epilogue's source, so it needs out_dtype == the bias dtype"
+    return None
+
+
 def _backends(dtypes) -> tuple[Backend, ...]:
     fp8 = dtypes == FP8
     torch_path = () if fp8 else (
         Backend("torch", dtypes=dtypes,
-                notes="cuBLAS via torch.matmul: M > 16 off Hopper, or rows TMA cannot load"),)
+                notes="cuBLAS via torch.matmul: rows no CUTLASS unit can load, or (off Hopper) "
+                      "a bias whose dtype is not out_dtype"),)
     return (
         Backend("gemv", min_arch="8.9" if fp8 else "8.0", dtypes=dtypes, check=_gemv_check,
                 notes="M <= 16 weight-streaming mma.sync kernel"),
         Backend("cutlass_sm90", archs=("9.0a",), dtypes=dtypes, check=_sm90_check,
                 notes="CUTLASS 3.x TMA warp-specialised persistent GEMM"),
+        # Chosen on sm_80 / sm_89 (Hopper picks the unit above); runs on sm_90 when asked for
+        # by name, which is how the H200 tests it.
+        Backend("cutlass_sm80", min_arch="8.9" if fp8 else "8.0", dtypes=dtypes, check=_sm80_check,
+                notes="CUTLASS 2.x multistage mma.sync GEMM (Ampere / Ada)"),
         *torch_path,
         Backend("reference", devices=("cpu", "cuda"), notes="pure torch, fp32 math"),
     )
@@ -84,6 +102,8 @@ def _rep_specs(a_dtype, out_dtype):
         out = [gemv_spec(a_dtype, a_dtype, out_dtype, arch)] if arch.cc >= 89 or a_dtype not in FP8 else []
         if arch.cc == 90:
             out += [gemm_sm90_spec(a_dtype, a_dtype, out_dtype, c, arch) for c in ("mid", "large")]
+        elif arch.cc >= 89 or a_dtype not in FP8:
+            out.append(gemm_sm80_spec(a_dtype, a_dtype, out_dtype, arch))
         return out
     return specs
 
@@ -163,15 +183,17 @@ def _workspace(mod, m: int, n: int, k: int, batch: int, device: torch.device,
     return buf.data_ptr(), buf.numel()
 
 
-def _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend):
+def _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok, backend, bias_ok=True):
     """(backend name, module or None) for a call class; memoised by the caller so the hot path
     is one dict lookup (no registry walk, no spec hashing). `config` names the CUTLASS unit."""
     name = _OPS[op_name].choose(dev, a.dtype, requested=backend, m=M, n=N, k=K, k_ok=k_ok,
-                                d_ok=d_ok, fp8=a.dtype in FP8).name
+                                d_ok=d_ok, fp8=a.dtype in FP8, bias_ok=bias_ok).name
     if name == "gemv":
         return name, load(gemv_spec(a.dtype, w.dtype, out.dtype, arch_of(dev)))
     if name == "cutlass_sm90":
         return name, load(gemm_sm90_spec(a.dtype, w.dtype, out.dtype, config, arch_of(dev)))
+    if name == "cutlass_sm80":
+        return name, load(gemm_sm80_spec(a.dtype, w.dtype, out.dtype, arch_of(dev)))
     return name, None
 
 
@@ -201,11 +223,13 @@ def _gemm_dispatch(op_name: str, out: torch.Tensor, a: torch.Tensor, w: torch.Te
         if recs or tuning.active():
             config = _tuned_config(op_name, dev, a, w, out, bias, scale_a, scale_b, M, N, K, L,
                                    st, k_ok, d_ok, backend, config, recs)
-    key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, config, k_ok, d_ok, backend)
+    bias_ok = bias is None or bias.dtype == out.dtype
+    key = (op_name, dev.index, a.dtype, w.dtype, out.dtype, M <= 16, config, k_ok, d_ok, bias_ok,
+           backend)
     plan = _CHOICE.get(key)
     if plan is None:
         plan = _CHOICE[key] = _plan(op_name, dev, a, w, out, M, N, K, L, config, k_ok, d_ok,
-                                    backend)
+                                    backend, bias_ok)
     _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev)
     return plan, st
 
@@ -226,6 +250,9 @@ def _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev) -> Non
     if name == "gemv":
         mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
                     lda, ldw, ldo, bsa, bsw, bso, stream)
+    elif name == "cutlass_sm80":
+        mod.fi_gemm_sm80(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                         lda, ldw, ldo, bsa, bsw, bso, stream)
     else:
         ws, ws_bytes = _workspace(mod, M, N, K, L, dev, stream)
         mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,

@@ -1,5 +1,6 @@
-"""KernelSpecs of the dense GEMM kernels: CUTLASS 3.x Hopper units (one tile config each) and the
-weight-streaming decode kernel (sm_80+, fp8 on sm_89+)."""
+"""KernelSpecs of the dense GEMM kernels: CUTLASS 3.x Hopper units (one tile config each), the
+CUTLASS 2.x unit for Ampere / Ada (sm_80+, fp8 on sm_89+) and the weight-streaming decode kernel
+(sm_80+, fp8 on sm_89+)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,34 @@ def gemm_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.
         },
         entries=(Entry("fi_gemm_sm90", GEMM_SM90_ARGS),
                  Entry("fi_gemm_sm90_workspace", ("ptr", "i64", "i64", "i64", "i64"))),
+        cutlass=True,
+        package="fi_gemm",
+    )
+
+
+# The CUTLASS 2.x unit of Ampere / Ada (gemm_sm80.cu) for M > 16: (tile M, N, K, warp M, N,
+# stages). 16-bit: 128x128x32 tiles of four 64x64 warps, 4 stages (64 KB of shared memory, under
+# the 99 KB an sm_86 / sm_89 block may take; 234 registers, no spills). fp8: 128x64x128 tiles of
+# eight 32x32 warps, 4 stages (96 KB; 162 registers on sm_89, 149 on sm_90a). Every larger fp8
+# warp tile tried reached 255 registers and spilled on sm_90a (128x128x64 with 64x32 / 32x64
+# warps: 24-40 B; 64x64 warps: 1-1.5 KB), where ptxas has no fp8 mma.sync of its own; 64x32
+# warps are clean on sm_89 (198 registers) but not on the sm_90a build the H200 tests run.
+SM80_TILES = {"16bit": (128, 128, 32, 64, 64, 4), "fp8": (128, 64, 128, 32, 32, 4)}
+GEMM_SM80_ARGS = ("ptr",) * 6 + ("i64",) * 10 + ("stream",)
+
+
+@functools.cache
+def gemm_sm80_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype,
+                   arch: Arch) -> KernelSpec:
+    tm, tn, tk, wm, wn, stages = SM80_TILES["fp8" if a_dtype in FP8 else "16bit"]
+    return KernelSpec(
+        name=f"gemm_sm80_{tag(a_dtype)}_{tag(b_dtype)}_{tag(out_dtype)}",
+        sources=(_HERE / "gemm_sm80.cu",),
+        arch=arch,
+        defines={"FI_TA": _CUTLASS_TYPE[a_dtype], "FI_TB": _CUTLASS_TYPE[b_dtype],
+                 "FI_TD": _CUTLASS_TYPE[out_dtype], "FI_TILE_M": tm, "FI_TILE_N": tn,
+                 "FI_TILE_K": tk, "FI_WARP_M": wm, "FI_WARP_N": wn, "FI_STAGES": stages},
+        entries=(Entry("fi_gemm_sm80", GEMM_SM80_ARGS),),
         cutlass=True,
         package="fi_gemm",
     )
