@@ -15,7 +15,7 @@ import torch
 from fi_core import Arch, KernelSpec
 
 from .dense.spec import gemm_sm80_spec, gemm_sm90_spec, gemv_spec
-from .fp8.spec import blockwise_sm90_spec
+from .fp8.spec import blockwise_sm89_spec, blockwise_sm90_spec
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
 e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -31,7 +31,8 @@ def gpu_test_specs(arch: Arch) -> list[KernelSpec]:
     specs += [gemm_sm80_spec(bf16, bf16, bf16, arch), gemm_sm80_spec(bf16, bf16, f16, arch),
               gemm_sm80_spec(f16, f16, f16, arch)]
     if arch.cc >= 89:
-        specs += [gemm_sm80_spec(e4m3, e4m3, bf16, arch), gemm_sm80_spec(e4m3, e5m2, f16, arch)]
+        specs += [gemm_sm80_spec(e4m3, e4m3, bf16, arch), gemm_sm80_spec(e4m3, e5m2, f16, arch),
+                  blockwise_sm89_spec(e4m3, e4m3, bf16, arch), blockwise_sm89_spec(e5m2, e4m3, f16, arch)]
     if arch.cc == 90:
         for cfg in ("mid", "large"):
             specs += [gemm_sm90_spec(bf16, bf16, bf16, cfg, arch),

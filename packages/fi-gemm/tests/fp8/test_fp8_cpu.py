@@ -130,7 +130,17 @@ def test_groupwise_backend_reasons():
     assert "M % 4" in by["cutlass_sm90"].reason("cuda", h, e4m3, dict(f, m=127))
     assert by["cutlass_sm90"].reason("cuda", Arch.parse("8.9"), e4m3, f) is not None
     assert by["gemv"].reason("cuda", h, e4m3, dict(f, m=1)) is None
-    assert len(gw.GEMM_FP8_GROUPWISE.specs(h)) == 3
+    # the mma.sync unit: M > 16 on sm_89 (any M) and Hopper's M % 4 != 0, never row segments
+    ada = Arch.parse("8.9")
+    assert by["mma_sm89"].reason("cuda", ada, e4m3, dict(f, m=127, arch=ada)) is None
+    assert by["mma_sm89"].reason("cuda", Arch.parse("8.0"), e4m3, f) is not None
+    assert "segments" in by["mma_sm89"].reason("cuda", h, e4m3, dict(f, segmented=True))
+    names = [b.name for b in gw.GEMM_FP8_GROUPWISE.backends]
+    assert names.index("cutlass_sm90") < names.index("mma_sm89") < names.index("reference")
+    assert "mma_sm89" not in gw.GROUP_GEMM_FP8_GROUPWISE.backend_names()
+    assert [s.name for s in gw.GEMM_FP8_GROUPWISE.specs(h)] == [
+        "gemv_e4m3_e4m3_bf16", "gemm_blockwise_sm89_e4m3_e4m3_bf16",
+        "gemm_blockwise_sm90_e4m3_e4m3_bf16_default", "gemm_blockwise_sm90_e4m3_e4m3_bf16_swizzled"]
 
 
 def test_blockwise_large_config_is_switchable(monkeypatch):

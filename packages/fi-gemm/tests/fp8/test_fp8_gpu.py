@@ -49,6 +49,50 @@ def test_gemm_fp8_nt_groupwise(m, n, k, mode):
     testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
 
 
+@pytest.mark.parametrize("m, n, k", [(17, 256, 512), (130, 1000, 1040), (4095, 4096, 4096),
+                                     (1024, 384, 7168)])
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_gemm_fp8_nt_groupwise_mma_sm89(m, n, k, mode):
+    """The mma.sync unit by name (the M > 16 path of Ada; on Hopper the default for M % 4 != 0):
+    partial M, N and K tiles (N = 1000, K = 1040: a last weight block of 104 rows and a last K
+    block of 16), both scale modes, a DeepSeek-sized K = 7168."""
+    x = testing.randn((m, k), torch.float32, DEV, seed=m + k)
+    w = testing.randn((n, k), torch.float32, DEV, seed=n)
+    a, sa = quantize_fp8_per_token_group(x, scale_major_mode=mode)
+    b, sb = quantize_fp8_block(w, scale_major_mode=mode)
+    out = testing.empty_poisoned((m, n), bf16, DEV)
+    groupwise.reset_dispatch()
+    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode=mode, out=out, backend="mma_sm89")
+    assert set(groupwise._CHOICE.values()) == {"mma_sm89"}
+    ref = groupwise_reference(a, b, sa if mode == "K" else sa.T, sb if mode == "K" else sb.T, torch.float32)
+    testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
+
+
+def test_gemm_fp8_nt_groupwise_mma_sm89_e5m2_fp16_out():
+    m, n, k = 200, 512, 640
+    x = testing.randn((m, k), torch.float32, DEV, seed=3)
+    w = testing.randn((n, k), torch.float32, DEV, seed=4)
+    a, sa = quantize_fp8_per_token_group(x, scale_major_mode="K")
+    b, sb = quantize_fp8_block(w, scale_major_mode="K")
+    a = (a.float() * 0.5).to(torch.float8_e5m2)  # the same values up to e5m2 rounding, halved
+    out = testing.empty_poisoned((m, n), torch.float16, DEV)
+    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="K", out=out, out_dtype=torch.float16,
+                          backend="mma_sm89")
+    ref = groupwise_reference(a, b, sa, sb, torch.float32)
+    testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=torch.float16)
+
+
+def test_gemm_fp8_nt_groupwise_default_path_for_m_not_a_multiple_of_4():
+    """On Hopper the TMA unit needs M % 4 == 0; M = 127 now takes the mma.sync unit, not the
+    fp32 reference. Off Hopper every M > 16 does."""
+    groupwise.reset_dispatch()
+    m, n, k = 127, 256, 512
+    a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=5), scale_major_mode="MN")
+    b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=6), scale_major_mode="MN")
+    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN")
+    assert set(groupwise._CHOICE.values()) == {"mma_sm89"}
+
+
 @pytest.mark.parametrize("lens", [[1, 0, 17, 16], [40, 3]])
 def test_group_gemm_fp8_nt_groupwise(lens):
     total, n, k, G = sum(lens), 384, 512, len(lens)

@@ -7,8 +7,10 @@ the same code: we pass the logical [rows, kb] view's strides.
 
 Backends: ``gemv`` (M <= 16 per call or per 16-row segment tile; the decode kernel scaling each
 128-wide K block's partial sums, sm_89+); ``cutlass_sm90`` (CUTLASS 3.x blockwise-scaled mainloop,
-M > 16 with M % 4 == 0, sm_90a); else ``reference`` (fp32 dequantised torch math, correct at every
-M, including M = 1). The grouped op has no CUTLASS path yet.
+M > 16 with M % 4 == 0, sm_90a); ``mma_sm89`` (128 x 128 tiles on mma.sync, each K block's
+partial sums scaled, sm_89+: Ada, and the M % 4 != 0 calls on Hopper); else ``reference`` (fp32
+dequantised torch math, correct at every M, including M = 1). The grouped op has no CUTLASS path
+yet.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
 from . import spec as _spec
-from .spec import blockwise_config, blockwise_sm90_spec
+from .spec import blockwise_config, blockwise_sm89_spec, blockwise_sm90_spec
 from .reference import groupwise_reference
 
 _OUT = (torch.bfloat16, torch.float16)
@@ -53,10 +55,20 @@ def _sm90_check(f: dict) -> Optional[str]:
     return None
 
 
+def _mma_check(f: dict) -> Optional[str]:
+    if f.get("segmented"):
+        return "serves one GEMM, not row segments"
+    if not f.get("k_ok", True):
+        return "needs K-contiguous operands with 16-byte aligned rows (K % 16 == 0)"
+    return None
+
+
 def _backends(grouped: bool):
     cutlass = () if grouped else (
         Backend("cutlass_sm90", archs=("9.0a",), dtypes=FP8, check=_sm90_check,
-                notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),)
+                notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),
+        Backend("mma_sm89", min_arch="8.9", dtypes=FP8, check=_mma_check,
+                notes="block-scaled mma.sync tiles, M > 16 off Hopper (and M % 4 != 0 on it)"),)
     return (Backend("gemv", min_arch="8.9", dtypes=FP8, check=_gemv_check,
                     notes="block-scaled weight-streaming mma.sync, M <= 16 (per segment tile)"),
             *cutlass,
@@ -66,7 +78,8 @@ def _backends(grouped: bool):
 GEMM_FP8_GROUPWISE = register_op(OpInfo(
     name="gemm_fp8_nt_groupwise", family="fi-gemm", api="flashinfer.gemm.gemm_fp8_nt_groupwise",
     backends=_backends(grouped=False), stability="experimental",
-    specs=lambda arch: ([gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else [])
+    specs=lambda arch: ([gemv_spec(FP8[0], FP8[0], torch.bfloat16, arch),
+                         blockwise_sm89_spec(FP8[0], FP8[0], torch.bfloat16, arch)] if arch.cc >= 89 else [])
     + ([blockwise_sm90_spec(FP8[0], FP8[0], torch.bfloat16, c, arch) for c in ("default", "swizzled")]
        if arch.cc == 90 else [])))
 GROUP_GEMM_FP8_GROUPWISE = register_op(OpInfo(
@@ -81,7 +94,8 @@ _WS: dict = {}
 # Recorded call signatures (as fi_gemm.dense.api._FAST; see there): gemm_fp8_nt_groupwise calls
 # that a checked call served with a kernel of ours without copying anything go straight to the
 # launch when they come again. Values: (kind, fn, out shape, device index, int args, need), kind
-# "gemv" or "sm90" (whose workspace of `need` bytes is looked up per call).
+# "gemv" (the mma_sm89 unit too: the same arguments) or "sm90" (whose workspace of `need` bytes
+# is looked up per call).
 _FAST = CallMemo()
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
@@ -189,12 +203,14 @@ def _gemm_dispatch(out, a, b, sa, sb, backend):
         mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
                                    sfb.data_ptr(), *dims, ws, ws_bytes, current_stream(a.device))
         return None if copied else ("sm90", mod.fi_gemm_blockwise_sm90, dims, need)
-    mod = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device)))
     args = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
             sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
-    mod.fi_gemv_blockscaled(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr(), *args,
-                            current_stream(a.device))
-    return "gemv", mod.fi_gemv_blockscaled, args, 0
+    if name == "mma_sm89":  # same arguments as the decode kernel's block-scale entry
+        fn = load(blockwise_sm89_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device))).fi_gemm_blockwise_sm89
+    else:
+        fn = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device))).fi_gemv_blockscaled
+    fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr(), *args, current_stream(a.device))
+    return "gemv", fn, args, 0
 
 
 @torch.library.custom_op("fi_gemm::gemm_fp8_groupwise", mutates_args=("out",))

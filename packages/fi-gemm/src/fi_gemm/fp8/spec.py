@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from fi_core import Arch, Entry, KernelSpec
-from fi_core.dtypes import tag
+from fi_core.dtypes import cuda_type, tag
 
 from ..dense.spec import _CUTLASS_TYPE
 
@@ -93,3 +93,21 @@ def blockwise_candidate_specs(arch: Arch) -> list[KernelSpec]:
     e4m3 = torch.float8_e4m3fn
     return [blockwise_sm90_spec(e4m3, e4m3, torch.bfloat16, c, arch) for c in BLOCKWISE_CONFIGS
             if c != "default"]
+
+
+# The mma.sync unit of gemm_blockwise_sm89.cu (M > 16 off Hopper, and M % 4 != 0 on it); its
+# launcher takes the decode kernel's block-scale arguments.
+BLOCKWISE_SM89_ARGS = ("ptr",) * 5 + ("i64",) * 10 + ("stream",)
+
+
+@functools.cache
+def blockwise_sm89_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype,
+                        arch: Arch) -> KernelSpec:
+    return KernelSpec(
+        name=f"gemm_blockwise_sm89_{tag(a_dtype)}_{tag(b_dtype)}_{tag(out_dtype)}",
+        sources=(_HERE / "gemm_blockwise_sm89.cu",),
+        arch=arch,
+        defines={"FI_TA": cuda_type(a_dtype), "FI_TW": cuda_type(b_dtype), "FI_TD": cuda_type(out_dtype)},
+        entries=(Entry("fi_gemm_blockwise_sm89", BLOCKWISE_SM89_ARGS),),
+        package="fi_gemm",
+    )
