@@ -1,7 +1,7 @@
 """GPU tests of the block-scaled FP8 GEMMs against the fp32 dequantised reference.
 
 Grid reduction: M covers the decode kernel (1, 3, 16), the CUTLASS blockwise kernel (128, 1024:
-M % 4 == 0) and the reference fallback (127); K = 784 ends in a partial 128-block; N = 1000 ends
+M % 4 == 0, and 127 with its padded scale copy); K = 784 ends in a partial 128-block; N = 1000 ends
 in a partial 128-row weight block. Both scale modes.
 """
 
@@ -82,15 +82,22 @@ def test_gemm_fp8_nt_groupwise_mma_sm89_e5m2_fp16_out():
     testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=torch.float16)
 
 
-def test_gemm_fp8_nt_groupwise_default_path_for_m_not_a_multiple_of_4():
-    """On Hopper the TMA unit needs M % 4 == 0; M = 127 now takes the mma.sync unit, not the
-    fp32 reference. Off Hopper every M > 16 does."""
+@pytest.mark.parametrize("m", [127, 4093])
+@pytest.mark.parametrize("mode", ["K", "MN"])
+def test_gemm_fp8_nt_groupwise_m_not_a_multiple_of_4(m, mode):
+    """The Hopper TMA unit loads a_scale with TMA (16-byte rows of [kb, M]): for M % 4 != 0 it
+    gets a padded copy (until session 14 these calls ran the fp32 reference). Off Hopper the
+    mma.sync unit takes every M > 16."""
     groupwise.reset_dispatch()
-    m, n, k = 127, 256, 512
-    a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=5), scale_major_mode="MN")
-    b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=6), scale_major_mode="MN")
-    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode="MN")
-    assert set(groupwise._CHOICE.values()) == {"mma_sm89"}
+    n, k = 384, 1152
+    a, sa = quantize_fp8_per_token_group(testing.randn((m, k), torch.float32, DEV, seed=5), scale_major_mode=mode)
+    b, sb = quantize_fp8_block(testing.randn((n, k), torch.float32, DEV, seed=6), scale_major_mode=mode)
+    out = testing.empty_poisoned((m, n), bf16, DEV)
+    gemm_fp8_nt_groupwise(a, b, sa, sb, scale_major_mode=mode, out=out)
+    hopper = arch_of(torch.device(DEV)).cc == 90
+    assert set(groupwise._CHOICE.values()) == {"cutlass_sm90" if hopper else "mma_sm89"}
+    ref = groupwise_reference(a, b, sa if mode == "K" else sa.T, sb if mode == "K" else sb.T, torch.float32)
+    testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
 
 
 @pytest.mark.parametrize("lens", [[1, 0, 17, 16], [40, 3]])

@@ -8,8 +8,10 @@
 // One tile config per unit (FI_TILE_M/N, FI_CLUSTER_M/N, and the persistent scheduler's tile
 // order FI_SWIZZLE / FI_RASTER, see sm90_tile_order.cuh); TileK is 128 (one scale block), and TileN
 // must be a multiple of 128 (one weight scale per N tile).
-// CUTLASS loads sfa with TMA, which needs M % 4 == 0 (16-byte rows of the [kb, M] scale tensor):
-// the Python side sends other M to the decode kernel or the reference.
+// CUTLASS loads sfa with TMA, which needs 16-byte rows of the [kb, M] scale tensor: the row
+// stride `ldsfa` (>= M, a multiple of 4) may exceed M, so for M % 4 != 0 the Python side passes a
+// copy of the scales padded to ldsfa columns; the padded rows' scales are loaded with the last
+// M tile and never reach the output (D stores stop at row M).
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -76,11 +78,12 @@ using StrideD = typename GemmKernel::StrideD;
 
 typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const void* sfa,
                                    const void* sfb, int64_t m, int64_t n, int64_t k,
-                                   int64_t lda, int64_t ldb, int64_t ldd) {
+                                   int64_t lda, int64_t ldb, int64_t ldd, int64_t ldsfa) {
   StrideA sa = make_stride(lda, Int<1>{}, m * lda);
   StrideB sb = make_stride(ldb, Int<1>{}, n * ldb);
   StrideD sd = make_stride(ldd, Int<1>{}, m * ldd);
   auto shape = make_shape(int(m), int(n), int(k), 1);
+  auto sf_shape = make_shape(int(ldsfa), int(n), int(k), 1);  // sfa's [kb, ldsfa] layout
   int dev = 0;
   cudaGetDevice(&dev);
   cutlass::KernelHardwareInfo hw;
@@ -90,7 +93,7 @@ typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const 
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(m), int(n), int(k), 1},
       {static_cast<const ElementA*>(a), sa, static_cast<const ElementB*>(b), sb,
-       static_cast<const float*>(sfa), ScaleConfig::tile_atom_to_shape_SFA(shape),
+       static_cast<const float*>(sfa), ScaleConfig::tile_atom_to_shape_SFA(sf_shape),
        static_cast<const float*>(sfb), ScaleConfig::tile_atom_to_shape_SFB(shape)},
       {{}, nullptr, StrideC{}, static_cast<ElementD*>(d), sd},
       hw};
@@ -105,7 +108,7 @@ typename Gemm::Arguments make_args(void* d, const void* a, const void* b, const 
 using namespace fi_blockwise_impl;
 
 FI_EXPORT int fi_gemm_blockwise_sm90_workspace(void* out_bytes, int64_t m, int64_t n, int64_t k) {
-  auto args = make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n);
+  auto args = make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, (m + 3) / 4 * 4);
   *static_cast<int64_t*>(out_bytes) = static_cast<int64_t>(Gemm::get_workspace_size(args));
   return 0;
 }
@@ -113,9 +116,11 @@ FI_EXPORT int fi_gemm_blockwise_sm90_workspace(void* out_bytes, int64_t m, int64
 // Same contract as fi_gemm_sm90: caller-owned workspace, no allocation, errors as cudaError_t.
 FI_EXPORT int fi_gemm_blockwise_sm90(void* d, const void* a, const void* b, const void* sfa,
                                      const void* sfb, int64_t m, int64_t n, int64_t k,
-                                     int64_t lda, int64_t ldb, int64_t ldd, void* workspace,
-                                     int64_t workspace_bytes, cudaStream_t stream) {
+                                     int64_t lda, int64_t ldb, int64_t ldd, int64_t ldsfa,
+                                     void* workspace, int64_t workspace_bytes,
+                                     cudaStream_t stream) {
   if (m == 0 || n == 0) return 0;
-  const auto args = make_args(d, a, b, sfa, sfb, m, n, k, lda, ldb, ldd);
+  if (ldsfa < m || ldsfa % 4 != 0) return (int)cudaErrorInvalidValue;
+  const auto args = make_args(d, a, b, sfa, sfb, m, n, k, lda, ldb, ldd, ldsfa);
   return fi_gemm::run_unit<Gemm>(args, workspace, workspace_bytes, stream);
 }

@@ -7,10 +7,10 @@ the same code: we pass the logical [rows, kb] view's strides.
 
 Backends: ``gemv`` (M <= 16 per call or per 16-row segment tile; the decode kernel scaling each
 128-wide K block's partial sums, sm_89+); ``cutlass_sm90`` (CUTLASS 3.x blockwise-scaled mainloop,
-M > 16 with M % 4 == 0, sm_90a); ``mma_sm89`` (128 x 128 tiles on mma.sync, each K block's
-partial sums scaled, sm_89+: Ada, and the M % 4 != 0 calls on Hopper); else ``reference`` (fp32
-dequantised torch math, correct at every M, including M = 1). The grouped op has no CUTLASS path
-yet.
+M > 16, sm_90a; for M % 4 != 0 its scale TMA gets a copy of a_scale padded to 4-column rows);
+``mma_sm89`` (128 x 128 tiles on mma.sync, each K block's partial sums scaled, sm_89+: the M > 16
+path of Ada); else ``reference`` (fp32 dequantised torch math, correct at every M, including
+M = 1). The grouped op has no CUTLASS path yet.
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ def _sm90_check(f: dict) -> Optional[str]:
         return "TMA needs K-contiguous operands with 16-byte aligned rows (K % 16 == 0)"
     if not f.get("d_ok", True):
         return "TMA needs a row-major output with 16-byte aligned rows (N % 8 == 0)"
-    if f.get("m", 0) % 4 != 0:
-        return f"the scale TMA needs M % 4 == 0, got M = {f.get('m')}"
     return None
 
 
@@ -66,9 +64,9 @@ def _mma_check(f: dict) -> Optional[str]:
 def _backends(grouped: bool):
     cutlass = () if grouped else (
         Backend("cutlass_sm90", archs=("9.0a",), dtypes=FP8, check=_sm90_check,
-                notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM, M % 4 == 0"),
+                notes="CUTLASS 3.x blockwise-scaled TMA warp-specialised GEMM"),
         Backend("mma_sm89", min_arch="8.9", dtypes=FP8, check=_mma_check,
-                notes="block-scaled mma.sync tiles, M > 16 off Hopper (and M % 4 != 0 on it)"),)
+                notes="block-scaled mma.sync tiles, M > 16 off Hopper"),)
     return (Backend("gemv", min_arch="8.9", dtypes=FP8, check=_gemv_check,
                     notes="block-scaled weight-streaming mma.sync, M <= 16 (per segment tile)"),
             *cutlass,
@@ -175,10 +173,18 @@ def _gemm_dispatch(out, a, b, sa, sb, backend):
         return None
     if name == "cutlass_sm90":
         # CUTLASS takes MN-major scales: sfa [kb, m], sfb [kb, nb], contiguous, 16-byte aligned
-        # (a view of the caller's tensor in "MN" mode; a small transposed copy in "K" mode).
+        # (a view of the caller's tensor in "MN" mode; a small transposed copy in "K" mode). The
+        # scale TMA needs 16-byte rows of sfa: for M % 4 != 0 the copy has rows of ldsfa = M
+        # rounded up to 4 (its padding is loaded with the last M tile and never stored).
         sfa, sfb = sa.T, sb.T
         copied = False
-        if not sfa.is_contiguous() or sfa.data_ptr() % 16:
+        ldsfa = m
+        if m % 4:
+            ldsfa = m + 4 - m % 4
+            pad = torch.zeros((sfa.shape[0], ldsfa), dtype=torch.float32, device=a.device)
+            pad[:, :m].copy_(sfa)
+            sfa, copied = pad, True
+        elif not sfa.is_contiguous() or sfa.data_ptr() % 16:
             sfa, copied = sfa.contiguous(), True
         if not sfb.is_contiguous() or sfb.data_ptr() % 16:
             sfb, copied = sfb.contiguous(), True
@@ -199,7 +205,7 @@ def _gemm_dispatch(out, a, b, sa, sb, backend):
                                                         device=a.device)
             ws, ws_bytes = buf.data_ptr(), buf.numel()
         dims = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k,
-                out.stride(0) if m > 1 else n)
+                out.stride(0) if m > 1 else n, ldsfa)
         mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
                                    sfb.data_ptr(), *dims, ws, ws_bytes, current_stream(a.device))
         return None if copied else ("sm90", mod.fi_gemm_blockwise_sm90, dims, need)

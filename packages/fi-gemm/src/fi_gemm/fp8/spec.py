@@ -79,7 +79,7 @@ def blockwise_sm90_spec(a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: t
                  "FI_TD": _CUTLASS_TYPE[out_dtype], "FI_TILE_M": c.tile_m, "FI_TILE_N": c.tile_n,
                  "FI_CLUSTER_M": c.cluster_m, "FI_CLUSTER_N": c.cluster_n,
                  "FI_SWIZZLE": c.swizzle, "FI_RASTER": c.raster},
-        entries=(Entry("fi_gemm_blockwise_sm90", ("ptr",) * 5 + ("i64",) * 6 + ("ptr", "i64", "stream")),
+        entries=(Entry("fi_gemm_blockwise_sm90", ("ptr",) * 5 + ("i64",) * 7 + ("ptr", "i64", "stream")),
                  Entry("fi_gemm_blockwise_sm90_workspace", ("ptr", "i64", "i64", "i64"))),
         cutlass=True,
         package="fi_gemm",
@@ -95,7 +95,7 @@ def blockwise_candidate_specs(arch: Arch) -> list[KernelSpec]:
             if c != "default"]
 
 
-# The mma.sync unit of gemm_blockwise_sm89.cu (M > 16 off Hopper, and M % 4 != 0 on it); its
+# The mma.sync unit of gemm_blockwise_sm89.cu (M > 16 off Hopper; on Hopper by name only); its
 # launcher takes the decode kernel's block-scale arguments.
 BLOCKWISE_SM89_ARGS = ("ptr",) * 5 + ("i64",) * 10 + ("stream",)
 
