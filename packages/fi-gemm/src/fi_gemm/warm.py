@@ -37,7 +37,8 @@ def gpu_test_specs(arch: Arch) -> list[KernelSpec]:
         for cfg in ("mid", "large"):
             specs += [gemm_sm90_spec(bf16, bf16, bf16, cfg, arch),
                       gemm_sm90_spec(e4m3, e4m3, bf16, cfg, arch)]
-        specs += [gemm_sm90_spec(bf16, bf16, f16, "large", arch),
+        specs += [gemm_sm90_spec(bf16, bf16, bf16, "pingpong", arch),
+                  gemm_sm90_spec(bf16, bf16, f16, "large", arch),
                   gemm_sm90_spec(f16, f16, f16, "mid", arch),
                   gemm_sm90_spec(e4m3, e5m2, f16, "large", arch),
                   blockwise_sm90_spec(e4m3, e4m3, bf16, "default", arch),

@@ -332,3 +332,20 @@ def test_repeat_bmm_fp8_calls_use_each_calls_scales():
         sa2 = torch.tensor([scale], device=DEV)
         got = bmm_fp8(A, W.transpose(-2, -1), sa2, sb, bf16)
         testing.assert_close(got, gemm_reference(A, W, bf16, None, sa2, sb), dtype=bf16)
+
+
+@pytest.mark.parametrize("m, n, k, with_bias", [(320, 1088, 1152, True), (4097, 1000, 776, False)])
+def test_mm_bf16_pingpong_unit(m, n, k, with_bias, monkeypatch):
+    """The ping-pong candidate of the 16-bit table (only the autotuner picks it), forced through
+    the shape-class hook: partial tiles in M, N and K, with and without the bias."""
+    testing.require_cc(90, "the CUTLASS units need sm_90a", DEV)
+    monkeypatch.setattr(api, "sm90_config", lambda dtype, m, n, batch=1: "pingpong")
+    api.reset_dispatch()
+    a, w = _operands(m, n, k, bf16, seed=90 + m)
+    bias = testing.randn((n,), bf16, DEV, seed=91) if with_bias else None
+    out = testing.empty_poisoned((m, n), bf16, DEV)
+    mm_bf16(a, w.T, bias=bias, out=out)
+    used = {p[1].spec.name for p in api._CHOICE.values() if p[1] is not None}
+    api.reset_dispatch()
+    assert used == {"gemm_sm90_bf16_bf16_bf16_pingpong"}, used
+    testing.assert_close(out, gemm_reference(a, w, bf16, bias), dtype=bf16)

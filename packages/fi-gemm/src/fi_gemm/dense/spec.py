@@ -45,9 +45,13 @@ class TileConfig:
 # M-tiles (the classic Hopper peak config). "mid": 128x128 cooperative, 1x1, stream-K, for
 # M <= 256 where the problem is W-streaming bound: with N = 4096 there are only 32-64 output
 # tiles, so stream-K splits K to put every SM on the weights.
+# "pingpong": a candidate the shape classes do not pick, timed by the autotuner (fi_gemm.autotune)
+# with the rest of the table: 128x128 tiles, the two consumer warpgroups on alternate tiles, so one
+# warpgroup's epilogue runs under the other's MMAs.
 CONFIGS_16BIT = {
     "large": TileConfig("large", 128, 256, 64, 2, 1),
     "mid": TileConfig("mid", 128, 128, 64, 1, 1, streamk=True),
+    "pingpong": TileConfig("pingpong", 128, 128, 64, 1, 1, pingpong=True),
 }
 # fp8 keeps a second fp32 accumulator set: CUTLASS's fp8 mainloop lets wgmma accumulate
 # `promotion` K-steps (32 deep each) and then adds the partial sums into fp32 registers, because
