@@ -47,7 +47,10 @@ class TileConfig:
 # tiles, so stream-K splits K to put every SM on the weights.
 # "pingpong": a candidate the shape classes do not pick, timed by the autotuner (fi_gemm.autotune)
 # with the rest of the table: 128x128 tiles, the two consumer warpgroups on alternate tiles, so one
-# warpgroup's epilogue runs under the other's MMAs.
+# warpgroup's epilogue runs under the other's MMAs. H200, the autotuner's own timings
+# (tools/autotune_table.py, gemm_autotune_table_session14.json): never the fastest of the three;
+# within 0.2 % of "large" at 1024 x 4096 x 4096, 2-8 % behind the fastest unit at (128 / 2048,
+# 14336, 4096) and 4096^3, 33 % at 8192^3.
 CONFIGS_16BIT = {
     "large": TileConfig("large", 128, 256, 64, 2, 1),
     "mid": TileConfig("mid", 128, 128, 64, 1, 1, streamk=True),
