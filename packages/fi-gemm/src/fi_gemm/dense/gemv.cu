@@ -76,6 +76,7 @@
 #include <cuda_fp8.h>
 
 #include "fi/common.cuh"
+#include "fi/mma.cuh"
 
 // Thread-block clusters are available (FI_TARGET_CC: the build's GPU, from fi-core's compile
 // command, visible to host and device code alike).
@@ -123,23 +124,12 @@ template <> struct Mma<__half, __half> {
   }
 };
 
-// fp8 MMAs exist from sm_89; these specialisations are only instantiated by fp8 modules, which
-// the Python side builds for sm_89+ only.
-#define FI_FP8_MMA(TW_, TA_, WS, AS)                                                              \
-  template <> struct Mma<TW_, TA_> {                                                              \
-    static FI_DEVICE void run(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, \
-                              uint32_t b0, uint32_t b1) {                                         \
-      asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." WS "." AS                             \
-                   ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
-                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                               \
-                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                       \
-    }                                                                                             \
-  };
-FI_FP8_MMA(__nv_fp8_e4m3, __nv_fp8_e4m3, "e4m3", "e4m3")
-FI_FP8_MMA(__nv_fp8_e4m3, __nv_fp8_e5m2, "e4m3", "e5m2")
-FI_FP8_MMA(__nv_fp8_e5m2, __nv_fp8_e4m3, "e5m2", "e4m3")
-FI_FP8_MMA(__nv_fp8_e5m2, __nv_fp8_e5m2, "e5m2", "e5m2")
-#undef FI_FP8_MMA
+// fp8 MMAs (m16n8k32, sm_89+: fi/mma.cuh) are only instantiated by fp8 modules, which the Python
+// side builds for sm_89+ only. W is the A operand.
+template <> struct Mma<__nv_fp8_e4m3, __nv_fp8_e4m3> : fi::Mma16832Fp8<__nv_fp8_e4m3, __nv_fp8_e4m3> {};
+template <> struct Mma<__nv_fp8_e4m3, __nv_fp8_e5m2> : fi::Mma16832Fp8<__nv_fp8_e4m3, __nv_fp8_e5m2> {};
+template <> struct Mma<__nv_fp8_e5m2, __nv_fp8_e4m3> : fi::Mma16832Fp8<__nv_fp8_e5m2, __nv_fp8_e4m3> {};
+template <> struct Mma<__nv_fp8_e5m2, __nv_fp8_e5m2> : fi::Mma16832Fp8<__nv_fp8_e5m2, __nv_fp8_e5m2> {};
 
 // W is read exactly once: bypass L1 and ask L2 to fetch 128 B around each miss (the CTA's warps
 // consume the neighbouring bytes of the row in the same pass).

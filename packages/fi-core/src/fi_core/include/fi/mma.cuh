@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "fi/common.cuh"
 
@@ -54,6 +55,27 @@ FI_DEVICE void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// d += A (16x32) * B (32x8) with fp8 inputs (sm_89+; TA / TB: __nv_fp8_e4m3 or __nv_fp8_e5m2, the
+// types of A and B) and fp32 accumulators. Four bytes per register: a0:(g, 4t..4t+3)
+// a1:(g+8, 4t..) a2:(g, 16+4t..) a3:(g+8, 16+4t..); b0:(k=4t..4t+3, n=g) b1:(k=16+4t.., n=g); C as
+// for m16n8k16. Only instantiated by modules built for sm_89 or newer.
+template <typename TA, typename TB> struct Mma16832Fp8;
+#define FI_MMA_16832_FP8(TA_, TB_, AS, BS)                                                        \
+  template <> struct Mma16832Fp8<TA_, TB_> {                                                      \
+    static FI_DEVICE void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, \
+                              uint32_t b0, uint32_t b1) {                                         \
+      asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." AS "." BS                             \
+                   ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                               \
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                       \
+    }                                                                                             \
+  };
+FI_MMA_16832_FP8(__nv_fp8_e4m3, __nv_fp8_e4m3, "e4m3", "e4m3")
+FI_MMA_16832_FP8(__nv_fp8_e4m3, __nv_fp8_e5m2, "e4m3", "e5m2")
+FI_MMA_16832_FP8(__nv_fp8_e5m2, __nv_fp8_e4m3, "e5m2", "e4m3")
+FI_MMA_16832_FP8(__nv_fp8_e5m2, __nv_fp8_e5m2, "e5m2", "e5m2")
+#undef FI_MMA_16832_FP8
 
 // Two floats -> one 32-bit register of two 16-bit values (lo in the low half), round to nearest.
 template <typename T>
