@@ -6,7 +6,9 @@
 
 The records go to a private tuning file in a temporary folder (FI_CACHE_DIR's records are not
 touched). Each unit is timed by the autotuner itself (fi_gemm.tuning: the call's operands, CUDA
-events); torch.matmul / torch._scaled_mm are timed the same way here for reference.
+events); torch.matmul / torch._scaled_mm by fi_core.bench.time_fn's eager event loop on the same
+operands, for reference only (the bench routines time both sides in CUDA graphs). Session 14's
+result file came from this tool's first version, whose torch column was one 20-call event loop.
 """
 
 from __future__ import annotations
@@ -20,23 +22,12 @@ from pathlib import Path
 import torch
 
 from fi_core import testing
+from fi_core.bench import time_fn
 from fi_gemm import autotune, bmm_fp8, mm_bf16, tuning
 from fi_gemm.dense import api
 
 SHAPES = [(128, 14336, 4096), (1024, 4096, 4096), (4096, 4096, 4096), (2048, 14336, 4096),
           (8192, 8192, 8192)]
-
-
-def _time(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
 
 
 def main() -> int:
@@ -55,12 +46,13 @@ def main() -> int:
         w = testing.randn((n, k), bf16, dev, seed=2, scale=k ** -0.5)
         with autotune():
             mm_bf16(a, w.T)
-        torch_us = _time(lambda a=a, w=w: torch.matmul(a, w.T))
+        torch_us = time_fn(torch.matmul, [(a, w.T)], use_graph=False).median_us
         a8, w8 = a.to(e4m3), w.to(e4m3)
         sa = torch.tensor([1.0], device=dev)
         with autotune():
             bmm_fp8(a8[None], w8.T[None], sa, sa, bf16)
-        torch8_us = _time(lambda a8=a8, w8=w8, sa=sa: torch._scaled_mm(a8, w8.T, sa, sa, out_dtype=bf16))
+        torch8_us = time_fn(lambda x, y, s: torch._scaled_mm(x, y, s, s, out_dtype=bf16),
+                            [(a8, w8.T, sa)], use_graph=False).median_us
         entries = json.loads(path.read_text())["entries"]
         for op, base, key_dtype in (("mm_bf16", torch_us, "bfloat16"), ("bmm_fp8", torch8_us, "float8_e4m3fn")):
             entry = entries[f"{op}|{key_dtype}|{key_dtype}|bfloat16|{m}|{n}|{k}|1"]

@@ -117,7 +117,7 @@ def reset_dispatch() -> None:
 def _choose(op: OpInfo, dev, dtype, m, k_ok, segmented, backend, d_ok=True) -> str:
     if dev.type != "cuda":
         return "reference"
-    key = (op.name, dev.index, dtype, m <= 16, m % 4 == 0, k_ok, d_ok, backend)
+    key = (op.name, dev.index, dtype, m <= 16, k_ok, d_ok, backend)
     name = _CHOICE.get(key)
     if name is None:
         name = _CHOICE[key] = op.choose(dev, dtype, requested=backend, m=m, k_ok=k_ok,
