@@ -6,7 +6,8 @@
 
 Cases: decode_b128 (GQA 32/8 b128 kv8192), decode_b1 (b1 kv32768), decode_fp8 (fp8 b128 kv8192;
 for the decode cases, DECODE_AB=NAME=N,... in the environment builds -DFI_NAME=N),
-prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V),
+prefill_paged (fa3 16 x 2048 causal, page 16), prefill_ragged (the same batch with ragged K/V; for the
+fa3 cases FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
 prefill_paged128_ragged_layout (the paged kernel on page 128 in order, K and V in two tensors),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
 single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
@@ -42,10 +43,21 @@ def _decode(batch, kv_len, kv_dtype=torch.bfloat16, hq=32, hkv=8, d=128, page=16
     return lambda: w.run(q, cache)
 
 
+def _fa3_variant():
+    """FA3_VARIANT=N (N > 0) in the environment: the fa3 cases build FI_FA3_VARIANT=N."""
+    import os  # noqa: PLC0415
+
+    from fi_attention.prefill.hopper import spec  # noqa: PLC0415
+
+    if int(os.environ.get("FA3_VARIANT") or 0):
+        spec.VARIANT = int(os.environ["FA3_VARIANT"])
+
+
 def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_layout=False):
     """ragged_layout: pages in order, K and V as two tensors (the ragged case's addresses)."""
     from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
 
+    _fa3_variant()
     pages = length // page
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * length
     kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
@@ -67,6 +79,7 @@ def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_l
 def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
     from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper  # noqa: PLC0415
 
+    _fa3_variant()
     indptr = torch.arange(batch + 1, dtype=torch.int32) * length
     q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch * length, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -80,13 +93,9 @@ def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
 def _prefill_single(length, causal, hq=32, hkv=8, d=128, backend="fa3"):
     """Single prefill (fa3, or the portable fa2 kernel); FA3_VARIANT=N in the environment builds the
     fa3 kernel with FI_FA3_VARIANT=N."""
-    import os  # noqa: PLC0415
-
     from fi_attention.prefill import single_prefill_with_kv_cache  # noqa: PLC0415
-    from fi_attention.prefill.hopper import spec  # noqa: PLC0415
 
-    if os.environ.get("FA3_VARIANT"):
-        spec.VARIANT = int(os.environ["FA3_VARIANT"])
+    _fa3_variant()
     q = torch.randn(length, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(length, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
