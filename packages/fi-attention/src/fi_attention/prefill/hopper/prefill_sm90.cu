@@ -14,7 +14,7 @@
 // setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
 // tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 // Measured on the H200 and not kept (tools/ab_fa3.py in turns, benchmarks/notes.md session 15):
-// the next tile's first Q K^T issued with the current tile's last P V (x0.94-0.97; sessions 6 and
+// the next tile's first Q K^T issued with the current tile's last P V (x0.85-0.97; sessions 6 and
 // 15), tiles of 32 tokens x the 4 query heads of a KV head (ragged x0.95), tiles walked by groups of
 // requests for L2 reuse (hit rate 65 -> 86 %, same time: the batch cases are not memory-bound).
 //
