@@ -9,14 +9,16 @@ are timed in turns (tools/ab_common.py), so clock and power drift hit them alike
 Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
 32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), b256 (256 x 2048), fp8 (128 x 8192,
 e4m3 cache): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2, b8k4,
-b32k1, b32k4 (bBATCHkKV/1024): short decode steps; mha (64 x 4096, MHA 32/32).
+b32k1, b32k4 (bBATCHkKV/1024): short decode steps; mha (64 x 4096, MHA 32/32), mha1 (1 x 32768, MHA:
+the CUDA-core kernel, split).
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
 with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3. One name
 are not defines: SPLIT=N plans that build with ``fixed_split_size=N`` pages, SPLIT=0 with
 ``disable_split_kv`` (one work item per request), instead of the planner's choice; TC=1 builds the
 wrapper with ``use_tensor_cores=True`` (the tensor-core kernel where "auto" takes the CUDA-core one:
-one query head per KV head).
+one query head per KV head); PDL=0 runs that build with ``run(enable_pdl=False)`` (the decode grid
+launched after the previous kernel instead of with programmatic dependent launch).
 ``--build-only`` compiles the modules the builds need for sm_90a and exits (a kernel cache that
 travels to the GPU machine). Every build's output must match the first build's, and the first
 build's output the reference on a few requests.
@@ -38,19 +40,20 @@ CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16
          "b1k4": (1, 4096, torch.bfloat16), "b1k8": (1, 8192, torch.bfloat16), "b4k2": (4, 2048, torch.bfloat16),
          "b8k4": (8, 4096, torch.bfloat16), "b32k1": (32, 1024, torch.bfloat16), "b32k4": (32, 4096, torch.bfloat16),
          # (batch, kv, cache dtype[, q heads, kv heads])
-         "mha": (64, 4096, torch.bfloat16, 32, 32)}
+         "mha": (64, 4096, torch.bfloat16, 32, 32), "mha1": (1, 32768, torch.bfloat16, 32, 32)}
 NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 
 
-def parse_build(text: str) -> tuple[dict, dict, dict]:
-    """-DFI_NAME=N defines of a build (spec.MMA_AB form), its plan() options (SPLIT) and its
-    wrapper options (TC)."""
+def parse_build(text: str) -> tuple[dict, dict, dict, dict]:
+    """-DFI_NAME=N defines of a build (spec.MMA_AB form), its plan() options (SPLIT), its
+    wrapper options (TC) and its run() options (PDL)."""
     sw = parse_switches(text)
     split = sw.pop("SPLIT", None)
     plan = {} if split is None else {"disable_split_kv": True} if split == 0 else {"fixed_split_size": split}
     wrapper = {"use_tensor_cores": bool(sw.pop("TC"))} if "TC" in sw else {}
-    return {f"FI_{name}": v for name, v in sw.items()}, plan, wrapper
+    run = {"enable_pdl": bool(sw.pop("PDL"))} if "PDL" in sw else {}
+    return {f"FI_{name}": v for name, v in sw.items()}, plan, wrapper, run
 
 
 def case_heads(name: str) -> tuple[int, int]:
@@ -103,7 +106,7 @@ def main() -> int:
         from fi_attention.decode.spec import select_spec  # noqa: PLC0415
 
         specs = []
-        for sw, _, wrapper_opts in builds.values():
+        for sw, _, wrapper_opts, _ in builds.values():
             with use_build(sw):
                 for n in names:
                     hq, hkv = case_heads(n)
@@ -124,7 +127,7 @@ def main() -> int:
         q = torch.randn(batch, hq, D, device=dev, generator=g).to(torch.bfloat16)
         scales = dict(k_scale=0.8, v_scale=1.25) if kv_dtype != torch.bfloat16 else {}
         rate[n] = (batch * kv_len * hkv * D * 2 * cache.element_size()) / 1e6
-        for b, (sw, plan_opts, wrapper_opts) in builds.items():
+        for b, (sw, plan_opts, wrapper_opts, run_opts) in builds.items():
             w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
                 torch.empty(128 << 20, dtype=torch.uint8, device=dev), indptr.to(dev), indices.to(dev),
                 last.to(dev), **wrapper_opts)
@@ -132,7 +135,7 @@ def main() -> int:
                 w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
                        **plan_opts)
             out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
-            w.run(q, cache, out=out, **scales)
+            w.run(q, cache, out=out, **scales, **run_opts)
             torch.cuda.synchronize()
             if n in refs:  # every build must agree with the first
                 testing.assert_close(out, refs[n], dtype=torch.bfloat16, msg=f"{n} build {b}: ")
@@ -145,7 +148,7 @@ def main() -> int:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(5):
-                    w.run(q, cache, out=out, **scales)
+                    w.run(q, cache, out=out, **scales, **run_opts)
             graphs[(n, b)], calls[(n, b)] = graph, 5
             keep.append((w, out))
             print(f"{n} [{b}]: kernel {w._kernel_name}, {w._plan.num_items} items, split {w._plan.split}",

@@ -353,6 +353,73 @@ def test_cuda_graph_replay_after_replan(backend):
         testing.assert_close(lse, rl, **LSE_TOL)
 
 
+@KERNELS
+@pytest.mark.parametrize("tables", ["host", "device", "graph_host", "graph_in_buf"])
+def test_pdl_chain_reads_the_previous_steps_output(backend, tables):
+    """A chain of decode steps, each taking the previous step's output as its q. On sm_90 a decode
+    grid launches with PDL and reads its plan (and the page tables plan() wrote) while the
+    previous kernel, the previous step's merge (which signals at its top) or decode grid, still
+    runs: q, K/V and out must be touched only after its wait. The outputs are poisoned before the
+    chain, so a q read too early shows. Covers user tables read after the wait (device tables,
+    page ids in the graph buffer) and enable_pdl=False (the same bits)."""
+    ps, hq, hkv, d, max_pages, steps = 16, 32, 8, 128, 1024, 6
+    lens = [30, 5000, 1, 700]  # split and unsplit requests: the steps end in the merge kernel
+    cache = testing.randn((max_pages, 2, ps, hkv, d), torch.bfloat16, DEV, seed=1)
+    indptr, indices, last = _graph_tables(lens, ps, max_pages, seed=5)
+    q0 = testing.randn((len(lens), hq, d), torch.bfloat16, DEV, seed=2)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+    graph = tables.startswith("graph")
+    if graph:
+        bufs = (torch.zeros(len(lens) + 1, dtype=torch.int32, device=DEV),
+                torch.zeros(max_pages, dtype=torch.int32, device=DEV),
+                torch.zeros(len(lens), dtype=torch.int32, device=DEV))
+        w = BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+                                               paged_kv_indices_buffer=bufs[1],
+                                               paged_kv_last_page_len_buffer=bufs[2], backend=backend)
+        ids = indices
+        if tables == "graph_in_buf":
+            bufs[1][: indices.numel()].copy_(indices)
+            ids = bufs[1]
+        w.plan(indptr, ids, last, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+        w.plan(indptr, ids, last, hq, hkv, d, ps, q_data_type=torch.bfloat16)  # the staged path too
+    else:
+        w = BatchDecodeWithPagedKVCacheWrapper(ws, backend=backend)
+        t = (indptr, indices, last) if tables == "host" else (indptr.to(DEV), indices.to(DEV), last.to(DEV))
+        w.plan(*t, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+    assert w._plan.split
+    outs = [torch.empty_like(q0) for _ in range(steps)]
+
+    def chain(**kw):
+        q = q0
+        for o in outs:
+            w.run(q, cache, out=o, **kw)
+            q = o
+
+    for kw in ({}, {"enable_pdl": False}):
+        if graph:
+            chain(**kw)  # warm-up outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                chain(**kw)
+        for o in outs:
+            o.fill_(float("nan"))
+        if graph:
+            g.replay()
+        else:
+            chain(**kw)
+        torch.cuda.synchronize()
+        q = q0
+        for i, o in enumerate(outs):
+            ref = batch_decode_reference(q, cache, indptr, indices, last)
+            testing.assert_close(o, ref, dtype=torch.bfloat16, msg=f"step {i} {kw}: ")
+            q = o
+        if not kw:
+            first = [o.clone() for o in outs]
+    for a, b in zip(first, outs):
+        assert torch.equal(a, b)  # with and without PDL: the same kernel, the same bits
+
+
 def test_capture_without_graph_mode_raises():
     cache, indptr, indices, last = make_batch([64], 16, 8, 128)
     q = testing.randn((1, 32, 128), torch.bfloat16, DEV)

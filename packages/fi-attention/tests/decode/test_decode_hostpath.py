@@ -13,6 +13,7 @@ from fi_core import knobs
 from fi_core.errors import CudaError, InputError, InputTypeError
 from fi_attention import BatchDecodeWithPagedKVCacheWrapper
 from fi_attention.decode.hostsim import FAKE_STREAM, SM_COUNT, CTAS_PER_SM, HostSim
+from fi_attention.decode import launch
 from fi_attention.decode.launch import DecodeArgs
 from fi_attention.decode.planner import kv_lengths, plan_decode
 from fi_attention.decode.tables import host_i32, host_tables, request_lengths
@@ -514,3 +515,45 @@ def test_cuda_graph_replans_stage_host_ids_up_to_the_graph_buffer(sim):
         assert (a.kv_indptr, a.kv_indices, a.kv_last_page_len) == tuple(b.data_ptr() for b in bufs)
         assert bufs[0].tolist() == indptr.tolist() and bufs[2].tolist() == last.tolist()
         assert bufs[1][: indices.numel()].tolist() == indices.tolist()
+
+
+def test_launch_flags_name_the_tables_plan_wrote(sim):
+    """DecodeArgs.flags (decode_args.h, DecodeFlag): the kernel reads before its PDL wait only the
+    tables plan() wrote itself. Host tables are staged or copied by plan() (every bit), on the
+    first plan's Python path and on the staged re-plan alike."""
+    every = launch.TABLES_EARLY | launch.INDICES_EARLY | launch.PDL
+    lens = [30, 5000, 1, 700]
+    q, out = torch.zeros(4, HQ, D, dtype=BF16), torch.empty(4, HQ, D, dtype=BF16)
+    w = sim.wrapper()
+    for seed in (0, 1):  # the Python path, then the staged one
+        indptr, indices, last = tables(lens, seed=seed)
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        w.run(q, cache_for(indices), out=out)
+        assert sim.launches[-1][0].flags == every
+    bufs = (torch.zeros(5, dtype=torch.int32), torch.zeros(4096, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int32))
+    g = sim.wrapper(graph_buffers=bufs)
+    for seed in (0, 1):
+        indptr, indices, last = tables(lens, seed=seed)
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        g.run(q, cache_for(bufs[1]), out=out)
+        assert sim.launches[-1][0].flags == every
+    # (Page ids the user wrote into the graph buffer itself are device memory, which the CPU
+    # harness cannot tell from host tables: the GPU test test_pdl_chain covers that case.)
+
+
+def test_enable_pdl_false_clears_the_pdl_bit_for_that_run_only(sim):
+    indptr, indices, last = tables([600, 9000])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    cache = cache_for(indices)
+    w.run(q, cache, out=torch.empty_like(q), enable_pdl=True)
+    assert sim.launches[-1][0].flags & launch.PDL
+    w.run(q, cache, out=torch.empty_like(q), enable_pdl=False)
+    assert not sim.launches[-1][0].flags & launch.PDL
+    assert sim.launches[-1][0].flags & launch.INDICES_EARLY  # the table bits stay
+    w.run(q, cache, out=torch.empty_like(q))  # the launch path's block has the planned flags again
+    assert sim.launches[-1][0].flags & launch.PDL
+    with pytest.raises(InputTypeError, match="enable_pdl must be None or a bool"):
+        w.run(q, cache, enable_pdl=1)

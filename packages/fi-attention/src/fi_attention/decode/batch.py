@@ -28,9 +28,9 @@ from fi_core.errors import InputError, InputTypeError
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from . import common
-from .launch import (OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OFF_TAIL, PACK_KV, PACK_OPTS,
-                     PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, DecodeArgs, capturing,
-                     page_shift, raw_stream)
+from .launch import (INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OFF_TAIL, PACK_KV,
+                     PACK_OPTS, PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, TABLES_EARLY, DecodeArgs,
+                     capturing, page_shift, raw_stream)
 from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
@@ -183,6 +183,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # launcher reads it during the call (a CUDA graph captures the kernel parameters).
         self._args = DecodeArgs()
         self._args_addr = ctypes.addressof(self._args)
+        self._flags = PDL  # DecodeArgs.flags of the current plan (_finish_cuda_plan)
         self._capacity: Optional[int] = None
         self._planned = False
         self._options: dict = {}  # plan() scalar options -> _Options
@@ -353,9 +354,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._d_indices = xb
             self._d_tables = (ib, xb, lb)
             tables = (ib.data_ptr(), xb.data_ptr(), lb.data_ptr())
+            early = TABLES_EARLY | (INDICES_EARLY if idx_copy[0] else 0)  # copied by plan(), or the user's
         else:
             tables = self._point_at_staging(base, off_indptr, batch, nnz, None if host_idx else indices)
-        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch)
+            early = TABLES_EARLY | (INDICES_EARLY if host_idx else 0)
+        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch, early)
         self._planned = True
         return True
 
@@ -478,10 +481,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         # Page table on the device: staged above, the user's device tensors, or the graph buffers.
         base = st.device_ptr
+        # Tables plan() writes itself (staged, uploaded or copied into a graph buffer) may be read
+        # by the kernel before it waits for the previous grid (DecodeFlag); the user's are not.
+        ours = self._plan_writes
         if stage:  # page ids staged too, or on the device (the usual serving layout)
             tables = self._point_at_staging(base, off_indptr, B, nnz, None if stage_idx else
                                             self._dev_table(indices, self._indices_buf, graph, non_blocking))
+            early = TABLES_EARLY | (INDICES_EARLY if stage_idx or ours(indices, self._indices_buf, graph) else 0)
         else:
+            early = TABLES_EARLY if (ours(indptr, self._indptr_buf, graph)
+                                     and ours(last_page_len, self._last_buf, graph)) else 0
+            early |= INDICES_EARLY if ours(indices, self._indices_buf, graph) else 0
             self._d_indices = self._dev_table(indices, self._indices_buf, graph, non_blocking)
             # Held until the next plan: the kernels read these at run(). A table copied here from
             # the host (e.g. host indptr next to device indices in graph mode, or a host indices
@@ -490,15 +500,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._d_tables = (self._dev_table(indptr, self._indptr_buf, graph, non_blocking), self._d_indices,
                               self._dev_table(last_page_len, self._last_buf, graph, non_blocking))
             tables = tuple(t.data_ptr() for t in self._d_tables)
-        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch)
+        self._finish_cuda_plan(o, plan, tables, base, cap, slots, graph, launch, early)
+
+    def _plan_writes(self, src: torch.Tensor, buf: Optional[torch.Tensor], graph: bool) -> bool:
+        """Whether the device table the kernel reads for ``src`` is one this plan() writes (see
+        _dev_table): an upload of a host or other-device tensor, or a copy into the CUDA-graph
+        buffer ``buf``; not the user's tensor itself."""
+        if graph:
+            return src.device != buf.device or src.data_ptr() != buf.data_ptr()
+        return src.device != self._device
 
     def _finish_cuda_plan(self, o: _Options, plan, tables: tuple, base: int, cap: int, slots: int, graph: bool,
-                          launch) -> None:
+                          launch, early: int) -> None:
         """The launch arguments of a CUDA plan: page tables (indptr, indices, last_page_len
         addresses), the metadata at ``base`` (work [cap, 4] | num_work | merge_indptr), the
-        partial states of ``slots`` in the workspace, and the run() fast path."""
+        partial states of ``slots`` in the workspace, the DecodeFlag bits (``early``: the tables
+        plan() wrote; the grid launches with PDL unless a run() says enable_pdl=False) and the
+        run() fast path."""
         self._plan = plan
         a = self._args
+        a.flags = self._flags = early | PDL
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
         part_o = self._float_ws.data_ptr()
         PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
@@ -533,12 +554,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
             return_lse: bool = False, enable_pdl: Optional[bool] = None,
             window_left: Optional[int] = None):
         """Decode ``q [B, Hq, D]`` against the planned batch -> ``o [B, Hq, D]`` (+ ``lse [B, Hq]``,
-        float32, base 2). Launch only: no synchronisation, no host copies."""
+        float32, base 2). Launch only: no synchronisation, no host copies.
+
+        ``enable_pdl`` (None: on where the GPU has it, sm_90+): the decode grid launches with
+        programmatic dependent launch, so its CTAs start and read the plan while the previous
+        kernel finishes; q, K/V and the outputs are touched only after it completed. False
+        launches after the previous kernel as usual (e.g. when a kernel before run() writes the
+        page tables plan() was given on the device and signals its dependents early)."""
         # The launch path accepts a call only when each check the checked path would make passes,
         # and then never raises an input error itself: declined calls take the checked path.
         # torch.compile traces only the first test (then the checked path and its custom op).
         if (not _compiling() and (fast := self._fast) is not None and lse is None and not return_lse
-                and q_scale is None and window_left is None and not _check_inputs()):
+                and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)
+                and not _check_inputs()):
             q_dtype, q_shape, dev, no_capture, seen, a, addr, launch, tail = fast
             c = paged_kv_cache
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
@@ -567,13 +595,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
                             raise self._mod.error(rc, "fi_batch_decode")
                         return out
         return self._run_checked(q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse,
-                                 window_left)
+                                 window_left, enable_pdl)
 
-    def _run_checked(self, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left):
+    def _run_checked(self, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
+                     enable_pdl=None):
         """run() with every input check; the only path for the reference backend, lse, scale
-        tensors, FI_CHECK_INPUTS and torch.compile."""
+        tensors, enable_pdl=False, FI_CHECK_INPUTS and torch.compile (whose custom op launches as
+        planned: with PDL)."""
         if not self._planned:
             raise InputError("run() called before plan()")
+        if enable_pdl is not None and not isinstance(enable_pdl, bool):
+            raise InputTypeError(f"enable_pdl must be None or a bool, got {type(enable_pdl).__name__}")
         # Under torch.compile the test would run once, at trace time, and dynamo cannot trace the
         # query on every torch build (the CUDA build's GPU-machine torch raised Unsupported there).
         if not self._use_cuda_graph and not _compiling() and _capturing():
@@ -611,14 +643,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 else tuple(paged_kv_cache)
             torch.ops.fi_attention.batch_decode_run(out, lse, q, cache_a, cache_b, id(self), sm_mul, ks, vs, wl)
         else:
-            self._run_core(q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse)
+            self._run_core(q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse, enable_pdl is not False)
         return (out, lse) if return_lse else out
 
-    def _run_core(self, q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse):
+    def _run_core(self, q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse, pdl=True):
         if self._impl != "cuda" or q.device.type != "cuda":
             self._run_reference(q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse)
         else:
-            self._launch(q, kv, sm_mul, ks, vs, wl, out, lse)
+            self._launch(q, kv, sm_mul, ks, vs, wl, out, lse, pdl)
 
     def _kv_view(self, paged_kv_cache):
         """((k_ptr, k page/token/head strides, v_ptr, v strides), num_pages) of a validated cache.
@@ -652,7 +684,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._kv_seen[key] = hit
         return hit
 
-    def _launch(self, q, kv, sm_mul, ks, vs, wl, out, lse):
+    def _launch(self, q, kv, sm_mul, ks, vs, wl, out, lse, pdl=True):
         qs = q.stride()
         qp = q.data_ptr()
         if qs[2] != 1 or qp % 16 or qs[0] % 8 or qs[1] % 8:
@@ -668,7 +700,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         PACK_OUT(a, OFF_OUT, out.data_ptr(), os_[0], os_[1], 0 if lse is None else lse.data_ptr())
         tail = self._tail
         PACK_TAIL(a, OFF_TAIL, wl, tail[1], tail[2], self._sm_scale * sm_mul, ks, vs)
-        rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
+        if pdl:
+            rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
+        else:  # this launch only: the fast path's argument block keeps the planned flags
+            a.flags = self._flags & ~PDL
+            try:
+                rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
+            finally:
+                a.flags = self._flags
         if rc:
             raise self._mod.error(rc, "fi_batch_decode")
 

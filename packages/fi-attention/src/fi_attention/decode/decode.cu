@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
   if (!fi_attn::decode_work<GH>(p, wk)) return;  // CUDA-graph mode launches the capacity
   const int kvh = wk.kvh, qh0 = wk.qh0, req = wk.req, part = wk.part;
   const int page_lo = wk.page_lo, qpos = wk.qpos, lo = wk.lo, hi = wk.hi;
+  fi::grid_dependency_wait();  // PDL (DecodeFlag): q, K/V and out only after the previous grid
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tx = lane % TX, gr = warp * RG + lane / TX;

@@ -17,4 +17,17 @@ struct DecodeArgs {
   int64_t num_qo_heads, num_kv_heads, page_size, page_shift, window_left;
   int64_t grid_items, merge_batch;                   // decode grid.x; merge grid.x (0: no merge)
   double sm_scale, k_scale, v_scale, logits_soft_cap, rope_scale, rope_theta;
+  int64_t flags;                                     // DecodeFlag bits
+};
+
+// DecodeArgs::flags. The decode grid is launched with programmatic dependent launch (PDL) on
+// sm_90+ when kDecodePdl is set: its CTAs may start while the previous kernel in the stream still
+// runs, read what plan() wrote (work items, and the page tables the two "early" bits name), and
+// wait (griddepcontrol.wait) before they touch q, K/V, out or the partial states. A table may be
+// read early only when plan() itself wrote it (a copy queued in plan(): no kernel that may still
+// be running can be writing it); the user's own device tables are read after the wait.
+enum DecodeFlag : int64_t {
+  kDecodeTablesEarly = 1,   // kv_indptr and kv_last_page_len were written by plan()
+  kDecodeIndicesEarly = 2,  // kv_indices too
+  kDecodePdl = 4,           // launch the decode grid with PDL (run(enable_pdl=False) clears it)
 };

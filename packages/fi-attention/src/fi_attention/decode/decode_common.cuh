@@ -102,6 +102,7 @@ struct DecodeParams {
   float cap_mul;     // cap * log2 e
   float v_scale;
   float rope_rcp_scale, rope_log2_theta;
+  int early;         // kDecodeTablesEarly | kDecodeIndicesEarly bits of DecodeArgs::flags
 };
 
 template <typename QT, typename KVT>
@@ -134,6 +135,7 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   p.v_scale = float(a->v_scale);
   p.rope_rcp_scale = float(1.0 / a->rope_scale);
   p.rope_log2_theta = float(log2(a->rope_theta));
+  p.early = int(a->flags & (kDecodeTablesEarly | kDecodeIndicesEarly));
   return p;
 }
 
@@ -182,13 +184,21 @@ struct DecodeWork {
 // Fills `d` for this CTA; false for an idle item (CUDA-graph capacity past num_work). The work item
 // is read before the num_work test (both loads in flight at once, not one after the other): the
 // work buffer holds the whole grid's items, idle ones included.
+// Under PDL (see DecodeFlag) the work item is read before the wait for the previous grid, and so
+// are indptr and last_page_len when plan() wrote them; otherwise this waits before reading them.
+// An idle CTA waits too, so that the grid never completes before its predecessor (a later PDL
+// kernel's wait would then return early).
 template <int GH, typename P>
 __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d) {
   const int nunits = (p.hq / p.group) * p.nsub;
   const int item = int(blockIdx.x) / nunits;
   const int unit = int(blockIdx.x) - item * nunits;
   const int4 w = reinterpret_cast<const int4*>(p.work)[item];
-  if (item >= *p.num_work) return false;
+  if (item >= *p.num_work) {
+    fi::grid_dependency_wait();
+    return false;
+  }
+  if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
   d.kvh = unit / p.nsub;
   d.qh0 = d.kvh * p.group + (unit % p.nsub) * GH;
   d.req = w.x;
@@ -237,6 +247,7 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   __shared__ float sm_m[WARPS], sm_l[WARPS];
   __shared__ float sm_o[WARPS][D];
   fi::grid_dependency_wait();  // launched early (PDL): the decode grid's partials are complete after this
+  fi::launch_dependents();  // the next grid may launch (a PDL decode grid reads its plan meanwhile)
   const int b = blockIdx.x;
   const int h = blockIdx.y;
   const int warp = threadIdx.x >> 5;
@@ -310,6 +321,19 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
 #pragma unroll
   for (int e = 0; e < E; ++e) dst[e] = fi::from_float<OT>(sum > 0.f ? o[e] / sum : 0.f);
   if (lse != nullptr && lane == 0) lse[int64_t(b) * hq + h] = sum > 0.f ? mx + __log2f(sum) : fi::kNegInf;
+}
+
+// Programmatic dependent launch needs compute capability 9.0+ (read once per process).
+inline bool pdl_supported() {
+  static int cc_major = 0;  // benign race: every thread computes the same value
+  if (cc_major == 0) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return false;
+    cc_major = major;
+  }
+  return cc_major >= 9;
 }
 
 // The merge is launched with programmatic stream serialization (PDL, SM90+): its grid is set up
@@ -394,14 +418,33 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 
 // fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
 // kernel when the plan split a request (merge_batch > 0).
+// With kDecodePdl on sm_90+ the decode grid is launched with PDL (see DecodeFlag): in a decode
+// loop its CTAs launch and read their plan while the previous kernel (the previous step's merge,
+// which triggers at its top) finishes. tools/ab_decode.py in turns against launching after the
+// previous kernel (H200, decode_ab_pdl_session16.json): b1 x 32768 x1.037, b1 x 8192 x1.090,
+// b16 x 8192 x1.015, b64 / b128 / fp8 b128 (one kernel per step, no merge) x0.997-1.000.
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
                                cudaStream_t stream) {
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
     FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
-    kernel<<<grid, threads, smem, stream>>>(p);
-    FI_TRY(cudaGetLastError());
+    if ((a->flags & kDecodePdl) && pdl_supported()) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(grid);
+      cfg.blockDim = dim3(unsigned(threads));
+      cfg.dynamicSmemBytes = size_t(smem);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      FI_TRY(cudaLaunchKernelEx(&cfg, kernel, p));
+    } else {
+      kernel<<<grid, threads, smem, stream>>>(p);
+      FI_TRY(cudaGetLastError());
+    }
   }
   if (a->merge_batch > 0) {
     const cudaError_t err = launch_merge_partials<QT, D>(

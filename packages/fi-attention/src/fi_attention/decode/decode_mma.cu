@@ -298,11 +298,15 @@ struct WarpRing {
     paged16 = p.page_size % 16 == 0 && lo % 16 == 0;
     int pg[STAGES][CROWS], of[STAGES][CROWS];
     bool one[STAGES];
+    // PDL (DecodeFlag): page ids that plan() wrote are looked up before the wait for the previous
+    // grid, so the first copies issue as soon as it returns; the user's own page ids after it.
+    if (!(p.early & kDecodeIndicesEarly)) fi::grid_dependency_wait();
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {  // every page lookup first: their loads overlap
       const int b = lo + 16 * (warp + NW * s);
       one[s] = b < hi && lookup(p, b, pg[s], of[s]);
     }
+    fi::grid_dependency_wait();  // K/V (and q, out) may be the previous grid's work: not before this
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       if (lo + 16 * (warp + NW * s) < hi) copy(p, base + s * TILE_BYTES, pg[s], of[s], one[s]);
@@ -395,6 +399,8 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 
 #if FI_MMA_VARIANT == 3
   WarpRing ring(p, kvh, page_lo, lo, hi, warp, g, c);  // starts the warp's first STAGES tiles
+#else
+  fi::grid_dependency_wait();  // PDL: the register tiles read no page ids before it
 #endif
 
   // A fragments of Q for row g (head qh0 + g): qa[s][0] = d c*KD + 4s + {0,1}, qa[s][1] = + {2,3}.

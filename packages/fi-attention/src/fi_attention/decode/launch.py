@@ -36,11 +36,19 @@ _I64 = ("q", "q_stride_b", "q_stride_h",
         "grid_items", "merge_batch")
 _F64 = ("sm_scale", "k_scale", "v_scale", "logits_soft_cap", "rope_scale", "rope_theta")
 
+# DecodeArgs.flags (decode_args.h, DecodeFlag): which page tables plan() wrote itself (the kernel
+# may read those before it waits for the previous grid) and whether the grid launches with
+# programmatic dependent launch.
+TABLES_EARLY = 1   # kv_indptr and kv_last_page_len
+INDICES_EARLY = 2  # kv_indices
+PDL = 4
+
 
 class DecodeArgs(ctypes.Structure):
     """Field-for-field copy of ``struct DecodeArgs`` (decode_args.h); all fields 8 bytes."""
 
-    _fields_ = [(n, ctypes.c_int64) for n in _I64] + [(n, ctypes.c_double) for n in _F64]
+    _fields_ = ([(n, ctypes.c_int64) for n in _I64] + [(n, ctypes.c_double) for n in _F64]
+                + [("flags", ctypes.c_int64)])
 
 
 def _fields(first: str, count: int) -> tuple:

@@ -20,7 +20,7 @@ from ..kv import check_kv_layout
 from ..reference import attention_reference
 from . import common
 from .batch import _ctas_per_sm
-from .launch import DecodeArgs, raw_stream
+from .launch import INDICES_EARLY, PDL, TABLES_EARLY, DecodeArgs, raw_stream
 from .planner import plan_decode
 from .spec import heads_per_cta, select_spec
 
@@ -197,6 +197,8 @@ def _single_state(key):
     page = 1 << (kv_len - 1).bit_length()
     t.page_size, t.page_shift = page, page.bit_length() - 1
     t.grid_items, t.merge_batch = plan.num_items, (1 if plan.split else 0)
+    # every table is in the signature's own metadata: read before the PDL wait (DecodeFlag)
+    t.flags = TABLES_EARLY | INDICES_EARLY | PDL
     # the meta tensor rides along: _single_meta's LRU may drop it while this entry lives
     return backend, mod.fn("fi_batch_decode").raw, t, plan, mod, meta
 
