@@ -8,9 +8,9 @@ are timed in turns (tools/ab_common.py), so clock and power drift hit them alike
 
 Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
 32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), b256 (256 x 2048), fp8 (128 x 8192,
-e4m3 cache): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2, b8k4,
-b32k1, b32k4, b1k16, b2k16, b4k8, b8k8 (bBATCHkKV/1024): short decode steps and small batches; mha (64 x 4096, MHA 32/32), mha1 (1 x 32768, MHA:
-the CUDA-core kernel, split).
+e4m3 cache): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2,
+b8k4, b32k1, b32k4, b1k16, b2k16, b4k8, b8k8 (bBATCHkKV/1024): short decode steps and small batches;
+mha (64 x 4096, MHA 32/32), mha1 (1 x 32768, MHA: the CUDA-core kernel, split).
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
 with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3. One name
