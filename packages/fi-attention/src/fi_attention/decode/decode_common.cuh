@@ -424,7 +424,7 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // loop its CTAs launch and read their plan while the previous kernel (the previous step's merge,
 // which triggers at its top) finishes. tools/ab_decode.py in turns against launching after the
 // previous kernel (H200, decode_ab_pdl_session16.json): b1 x 32768 x1.037, b1 x 8192 x1.090,
-// b16 x 8192 x1.015, b64 / b128 / fp8 b128 (one kernel per step, no merge) x0.997-1.000.
+// b16 x 8192 x1.015; b64 / b128 (unsplit: one kernel per step) and fp8 b128 (a 536 us step) x0.997-1.000.
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
                                cudaStream_t stream) {
