@@ -323,38 +323,6 @@ __global__ void __launch_bounds__(128) merge_partials_kernel(
   if (lse != nullptr && lane == 0) lse[int64_t(b) * hq + h] = sum > 0.f ? mx + __log2f(sum) : fi::kNegInf;
 }
 
-// Programmatic dependent launch needs compute capability 9.0+ (read once per process).
-inline bool pdl_supported() {
-  static int cc_major = 0;  // benign race: every thread computes the same value
-  if (cc_major == 0) {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-      return false;
-    cc_major = major;
-  }
-  return cc_major >= 9;
-}
-
-// Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization
-// (PDL, sm_90+): it may start before the previous kernel in the stream has completed, and reads
-// that kernel's results only after fi::grid_dependency_wait().
-template <typename... Params, typename... Args>
-inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                              Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 // The merge is launched with programmatic stream serialization (PDL, SM90+): its grid is set up
 // while the decode kernel's last CTAs run instead of after it drains. The decode CTAs signal
 // after their main loop; the merge waits (griddepcontrol.wait) for the whole decode grid to
@@ -364,12 +332,12 @@ inline cudaError_t launch_merge_partials(const float* part_o, const float* part_
                                          int batch, int hq, OT* out, int64_t o_sb, int64_t o_sh,
                                          float* lse, cudaStream_t stream) {
   const dim3 grid{unsigned(batch), unsigned(hq)};
-  if (!pdl_supported()) {
+  if (!fi::pdl_supported()) {
     merge_partials_kernel<OT, D><<<grid, 128, 0, stream>>>(part_o, part_lse, indptr, hq, out, o_sb, o_sh, lse);
     return cudaGetLastError();
   }
-  return launch_pdl(merge_partials_kernel<OT, D>, grid, dim3(128), 0, stream, part_o, part_lse, indptr, hq, out,
-                    o_sb, o_sh, lse);
+  return fi::launch_pdl(merge_partials_kernel<OT, D>, grid, dim3(128), 0, stream, part_o, part_lse, indptr, hq, out,
+                        o_sb, o_sh, lse);
 }
 
 // plan() of a CUDA-graph wrapper: the page tables staged with the plan go from the metadata buffer
@@ -431,8 +399,8 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
     FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
-    if ((a->flags & kDecodePdl) && pdl_supported()) {
-      FI_TRY(launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(smem), stream, p));
+    if ((a->flags & kDecodePdl) && fi::pdl_supported()) {
+      FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(smem), stream, p));
     } else {
       kernel<<<grid, threads, smem, stream>>>(p);
       FI_TRY(cudaGetLastError());

@@ -72,6 +72,40 @@ FI_DEVICE void launch_dependents() {
 #endif
 }
 
+// Whether the current device has programmatic dependent launch (compute capability 9.0+), read
+// from the runtime once per device.
+inline bool pdl_supported() {
+  static int cached[64] = {0};  // 0: not read yet; else major + 1 (benign race: same value)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    cached[dev] = major + 1;
+  }
+  return cached[dev] - 1 >= 9;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (PDL): the
+// grid may start before its predecessor in the stream completes, so the kernel must call
+// grid_dependency_wait() before it reads that predecessor's results or writes what it may read.
+// Callers check pdl_supported() first (or launch plainly below sm_90).
+template <typename... Params, typename... Args>
+inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // Number of SMs of the current device, read from the runtime once per device (never a literal).
 inline int sm_count() {
   static int cached[64] = {0};
