@@ -9,7 +9,7 @@ are timed in turns (tools/ab_common.py), so clock and power drift hit them alike
 Cases (GQA 32/8, head_dim 128, page 16, pages of the batch in random order, bf16 q): b1 (1 x
 32768 tokens), b16 (16 x 8192), b64 (64 x 4096), b128 (128 x 8192), b256 (256 x 2048), fp8 (128 x 8192,
 e4m3 cache): the BatchDecodeWithPagedKVCacheWrapper rows of TARGETS.md; b2 (2 x 4096), b1k4, b1k8, b4k2,
-b8k4, b32k1, b32k4, b1k16, b2k16, b4k8, b8k8 (bBATCHkKV/1024): short decode steps and small batches;
+b8k4, b16k4, b32k1, b32k4, b1k16, b2k16, b4k8, b8k8, b1k64 (bBATCHkKV/1024): short decode steps and small batches;
 mha (64 x 4096, MHA 32/32), mha1 (1 x 32768, MHA: the CUDA-core kernel, split).
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
@@ -40,7 +40,7 @@ CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16
          "b1k4": (1, 4096, torch.bfloat16), "b1k8": (1, 8192, torch.bfloat16), "b4k2": (4, 2048, torch.bfloat16),
          "b8k4": (8, 4096, torch.bfloat16), "b32k1": (32, 1024, torch.bfloat16), "b32k4": (32, 4096, torch.bfloat16),
          "b1k16": (1, 16384, torch.bfloat16), "b2k16": (2, 16384, torch.bfloat16), "b4k8": (4, 8192, torch.bfloat16),
-         "b8k8": (8, 8192, torch.bfloat16),
+         "b8k8": (8, 8192, torch.bfloat16), "b16k4": (16, 4096, torch.bfloat16), "b1k64": (1, 65536, torch.bfloat16),
          # (batch, kv, cache dtype[, q heads, kv heads])
          "mha": (64, 4096, torch.bfloat16, 32, 32), "mha1": (1, 32768, torch.bfloat16, 32, 32)}
 NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "

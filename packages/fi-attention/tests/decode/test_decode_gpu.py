@@ -433,6 +433,27 @@ def test_capture_without_graph_mode_raises():
             w.run(q, cache, out=out)
 
 
+@KERNELS
+def test_grid_merge_counters_return_to_zero(backend):
+    """Split requests are merged by their last work item (merge_in_grid): the arrival counters
+    must be 0 after every launch, so that back-to-back runs, runs with a new q and re-plans with
+    other chunk counts (the same counters, other totals) all merge correctly."""
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=DEV), backend=backend)
+    for i, (lens, kw) in enumerate([([20000, 3, 9000], {}), ([20000, 3, 9000], dict(fixed_split_size=7)),
+                                    ([5000, 33000], dict(fixed_split_size=100))]):
+        cache, indptr, indices, last = make_batch(lens, 16, 8, 128, seed=60 + i)
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16, **kw)
+        assert w._plan.split
+        for r in range(3):
+            q = testing.randn((len(lens), 32, 128), torch.bfloat16, DEV, seed=70 + 3 * i + r)
+            lse = testing.empty_poisoned((len(lens), 32), torch.float32, DEV)
+            out = w.run(q, cache, lse=lse)
+            ro, rl = batch_decode_reference(q, cache, indptr, indices, last, "NHD", return_lse=True)
+            testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"plan {i} run {r}: ")
+            testing.assert_close(lse, rl, **LSE_TOL)
+            assert not w._counters.any(), f"plan {i} run {r}: arrival counters left {w._counters.nonzero()}"
+
+
 def test_deterministic():
     lens = [20000, 3]
     cache, indptr, indices, last = make_batch(lens, 16, 8, 128)

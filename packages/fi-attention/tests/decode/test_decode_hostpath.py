@@ -521,7 +521,7 @@ def test_launch_flags_name_the_tables_plan_wrote(sim):
     """DecodeArgs.flags (decode_args.h, DecodeFlag): the kernel reads before its PDL wait only the
     tables plan() wrote itself. Host tables are staged or copied by plan() (every bit), on the
     first plan's Python path and on the staged re-plan alike."""
-    every = launch.TABLES_EARLY | launch.INDICES_EARLY | launch.PDL
+    every = launch.TABLES_EARLY | launch.INDICES_EARLY | launch.PDL | launch.GRID_MERGE
     lens = [30, 5000, 1, 700]
     q, out = torch.zeros(4, HQ, D, dtype=BF16), torch.empty(4, HQ, D, dtype=BF16)
     w = sim.wrapper()
@@ -540,6 +540,36 @@ def test_launch_flags_name_the_tables_plan_wrote(sim):
         assert sim.launches[-1][0].flags == every
     # (Page ids the user wrote into the graph buffer itself are device memory, which the CPU
     # harness cannot tell from host tables: the GPU test test_pdl_chain covers that case.)
+
+
+def test_split_plans_carry_zeroed_merge_counters(sim):
+    """The in-grid merge (merge_in_grid, decode_common.cuh) counts arrivals per (request, query
+    head) in a zeroed int32 buffer the wrapper owns: a split plan points at one with room for every
+    counter, an unsplit plain plan at none (nothing to merge), a CUDA-graph plan always at the same
+    one (a later re-plan may split)."""
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    w = sim.wrapper()
+    indptr, indices, last = tables([20, 16])
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    assert not w._plan.split
+    w.run(q, cache_for(indices))
+    assert sim.launches[-1][0].merge_count == 0
+    indptr, indices, last = tables([60000, 16])
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    assert w._plan.split
+    w.run(q, cache_for(indices))
+    a = sim.launches[-1][0]
+    assert a.merge_count == w._counters.data_ptr() and a.flags & launch.GRID_MERGE
+    assert w._counters.numel() >= 2 * HQ and not w._counters.any()
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(4096, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    g = sim.wrapper(graph_buffers=bufs)
+    seen = set()
+    for lens in ([20, 16], [60000, 16]):
+        indptr, indices, last = tables(lens)
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        g.run(q, cache_for(bufs[1]))
+        seen.add(sim.launches[-1][0].merge_count)
+    assert seen == {g._counters.data_ptr()}
 
 
 def test_enable_pdl_false_clears_the_pdl_bit_for_that_run_only(sim):

@@ -28,9 +28,9 @@ from fi_core.errors import InputError, InputTypeError
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from . import common
-from .launch import (INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES, OFF_TAIL, PACK_KV,
-                     PACK_OPTS, PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, TABLES_EARLY, DecodeArgs,
-                     capturing, page_shift, raw_stream)
+from .launch import (GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES,
+                     OFF_TAIL, PACK_KV, PACK_OPTS, PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL,
+                     TABLES_EARLY, DecodeArgs, capturing, page_shift, raw_stream)
 from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
@@ -184,6 +184,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._args = DecodeArgs()
         self._args_addr = ctypes.addressof(self._args)
         self._flags = PDL  # DecodeArgs.flags of the current plan (_finish_cuda_plan)
+        self._counters: Optional[torch.Tensor] = None  # see _merge_counters
+        self._retired_counters: list = []
         self._capacity: Optional[int] = None
         self._planned = False
         self._options: dict = {}  # plan() scalar options -> _Options
@@ -519,7 +521,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         run() fast path."""
         self._plan = plan
         a = self._args
-        a.flags = self._flags = early | PDL
+        a.flags = self._flags = early | PDL | GRID_MERGE
+        a.merge_count = self._merge_counters(self._batch * o.hq, graph) if (plan.split or graph) else 0
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
         part_o = self._float_ws.data_ptr()
         PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
@@ -530,6 +533,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_last = None
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
                       self._args_addr, launch, self._tail)
+
+    def _merge_counters(self, n: int, graph: bool) -> int:
+        """Address of at least ``n`` zeroed int32 arrival counters, one per (request, query head),
+        for the merge of split requests inside the decode grid (merge_in_grid, decode_common.cuh).
+        Zeroed once when allocated: the item that merges puts its counter back to 0. A grown-out
+        buffer of a CUDA-graph wrapper stays alive (kernels captured before hold its address)."""
+        c = self._counters
+        if c is None or c.numel() < n:
+            if graph and c is not None:
+                self._retired_counters.append(c)
+            c = self._counters = torch.zeros(max(n, 1024), dtype=torch.int32, device=self._device)
+        return c.data_ptr()
 
     def _dev_table(self, src, buf, graph, non_blocking):
         """A page table on the device: the user's device tensor, an upload of a host one, or (CUDA-

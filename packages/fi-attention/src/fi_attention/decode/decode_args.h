@@ -18,6 +18,7 @@ struct DecodeArgs {
   int64_t grid_items, merge_batch;                   // decode grid.x; merge grid.x (0: no merge)
   double sm_scale, k_scale, v_scale, logits_soft_cap, rope_scale, rope_theta;
   int64_t flags;                                     // DecodeFlag bits
+  int64_t merge_count;                               // int32 [B * Hq] zeroed counters (kDecodeGridMerge)
 };
 
 // DecodeArgs::flags. The decode grid is launched with programmatic dependent launch (PDL) on
@@ -30,4 +31,5 @@ enum DecodeFlag : int64_t {
   kDecodeTablesEarly = 1,   // kv_indptr and kv_last_page_len were written by plan()
   kDecodeIndicesEarly = 2,  // kv_indices too
   kDecodePdl = 4,           // launch the decode grid with PDL (run(enable_pdl=False) clears it)
+  kDecodeGridMerge = 8,     // split requests merged by their last item (merge_in_grid): no merge kernel
 };

@@ -87,6 +87,15 @@ __device__ __forceinline__ float alibi_slope(int h, int num_heads) {
 }
 
 
+// Split requests are merged inside the decode grid (see merge_in_grid) when plan() provided the
+// arrival counters; FI_GRID_MERGE=0 builds launch the merge kernel instead (for A/B timing).
+#ifndef FI_GRID_MERGE
+#define FI_GRID_MERGE 1
+#endif
+inline bool grid_merge(const DecodeArgs* a) {
+  return FI_GRID_MERGE && (a->flags & kDecodeGridMerge) && a->merge_count != 0;
+}
+
 // Kernel-side arguments, built once per launch from the host DecodeArgs block.
 template <typename QT, typename KVT>
 struct DecodeParams {
@@ -97,6 +106,8 @@ struct DecodeParams {
   const int* work; const int* num_work;
   QT* out; int64_t o_sb, o_sh; float* lse;
   float* part_o; float* part_lse;
+  const int* merge_indptr;  // partial slots per request
+  int* merge_count;         // arrivals per (request, head) for the in-grid merge; null: merge kernel
   int hq, group, nsub, page_size, page_shift, window_left;
   float q_mul;       // sm_scale * k_scale * (softcap ? 1/cap : log2 e)
   float cap_mul;     // cap * log2 e
@@ -122,6 +133,8 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   p.lse = reinterpret_cast<float*>(a->lse);
   p.part_o = reinterpret_cast<float*>(a->part_o);
   p.part_lse = reinterpret_cast<float*>(a->part_lse);
+  p.merge_indptr = reinterpret_cast<const int*>(a->merge_indptr);
+  p.merge_count = grid_merge(a) ? reinterpret_cast<int*>(a->merge_count) : nullptr;
   p.hq = int(a->num_qo_heads);
   p.group = int(a->num_qo_heads / a->num_kv_heads);
   p.nsub = p.group / gh;
@@ -137,6 +150,72 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   p.rope_log2_theta = float(log2(a->rope_theta));
   p.early = int(a->flags & (kDecodeTablesEarly | kDecodeIndicesEarly));
   return p;
+}
+
+// Split-KV without a second kernel: the items of a split request each write their partial state
+// for heads qh0 .. qh0 + GH - 1 and then count themselves in merge_count[req * hq + qh0]; the one
+// that arrives last combines the request's partials into out and lse. The count is one atomic of
+// thread 0 with acquire-release order after a CTA barrier (the partial stores of every thread
+// happen before it), and the last item reads the partials with ld.global.cg: other SMs wrote them
+// and this SM's L1 may hold a stale line of part_lse. That item also puts the counter back to 0:
+// no other item of this launch touches it again, and the next launch's items count only after
+// griddepcontrol.wait (this grid has completed). plan() allocates the counters zeroed.
+template <typename QT, int D, int GH, int THREADS, typename P>
+__device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
+  const int lo = p.merge_indptr[req], n = p.merge_indptr[req + 1] - lo;  // in flight across the barrier
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    int* cnt = p.merge_count + int64_t(req) * p.hq + qh0;
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(cnt) : "memory");
+    last = before == n - 1;
+    if (last) *cnt = 0;
+  }
+  if (!__syncthreads_or(last)) return;
+  constexpr int Q = D / 4;  // float4 columns of a head
+  constexpr int MU = 8;     // slots whose loads are in flight at once
+  const int64_t step = int64_t(p.hq) * Q;  // float4s from one slot to the next
+  for (int u = threadIdx.x; u < GH * Q; u += THREADS) {
+    const int g = u / Q, col = u - g * Q, h = qh0 + g;
+    const float* lse_p = p.part_lse + int64_t(lo) * p.hq + h;
+    const float4* o_p = reinterpret_cast<const float4*>(p.part_o + (int64_t(lo) * p.hq + h) * D) + col;
+    float m = fi::kNegInf, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s0 = 0; s0 < n; s0 += MU) {
+      float w[MU];
+      float4 v[MU];
+#pragma unroll
+      for (int k = 0; k < MU; ++k) {  // all loads first: MU independent L2 round trips overlap
+        const int s = min(s0 + k, n - 1);
+        w[k] = __ldcg(lse_p + int64_t(s) * p.hq);
+        v[k] = __ldcg(o_p + s * step);
+      }
+#pragma unroll
+      for (int k = 0; k < MU; ++k) w[k] = s0 + k < n ? w[k] : fi::kNegInf;  // clamped repeats weigh 0
+      float mu = m;
+#pragma unroll
+      for (int k = 0; k < MU; ++k) mu = fmaxf(mu, w[k]);
+      if (mu == fi::kNegInf) continue;  // no slot attended anything yet
+      const float c = fi::exp2_approx(m - mu);  // 0 while m is -inf
+      l *= c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= c;
+#pragma unroll
+      for (int k = 0; k < MU; ++k) {
+        const float pk = fi::exp2_approx(w[k] - mu);
+        l += pk;
+        acc[0] = fmaf(pk, v[k].x, acc[0]);
+        acc[1] = fmaf(pk, v[k].y, acc[1]);
+        acc[2] = fmaf(pk, v[k].z, acc[2]);
+        acc[3] = fmaf(pk, v[k].w, acc[3]);
+      }
+      m = mu;
+    }
+    QT* dst = p.out + req * p.o_sb + h * p.o_sh + 4 * col;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[e] = fi::from_float<QT>(l > 0.f ? acc[e] / l : 0.f);
+    if (p.lse != nullptr && col == 0) p.lse[int64_t(req) * p.hq + h] = l > 0.f ? m + __log2f(l) : fi::kNegInf;
+  }
 }
 
 // End of both decode kernels: combine the CTA's ROWS partial softmax states of each of its GH query
@@ -172,6 +251,7 @@ __device__ __forceinline__ void store_merged(const P& p, const float (&sm_o)[ROW
       if (d == 0) p.part_lse[int64_t(part) * p.hq + h] = lse;
     }
   }
+  if (part >= 0 && p.merge_count != nullptr) merge_in_grid<QT, D, GH, THREADS>(p, req, qh0);
 }
 
 // What a decode CTA works on. The grid is 1-D, the item's (kv head, head subgroup) units adjacent:
@@ -387,7 +467,7 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 }
 
 // fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
-// kernel when the plan split a request (merge_batch > 0).
+// kernel when the plan split a request (merge_batch > 0) and the grid does not merge (grid_merge).
 // With kDecodePdl on sm_90+ the decode grid is launched with PDL (see DecodeFlag): in a decode
 // loop its CTAs launch and read their plan while the previous kernel (the previous step's merge,
 // which triggers at its top) finishes. tools/ab_decode.py in turns against launching after the
@@ -406,7 +486,7 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
       FI_TRY(cudaGetLastError());
     }
   }
-  if (a->merge_batch > 0) {
+  if (a->merge_batch > 0 && !grid_merge(a)) {
     const cudaError_t err = launch_merge_partials<QT, D>(
         p.part_o, p.part_lse, reinterpret_cast<const int*>(a->merge_indptr), int(a->merge_batch), p.hq,
         p.out, p.o_sb, p.o_sh, p.lse, stream);

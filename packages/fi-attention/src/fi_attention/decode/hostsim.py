@@ -212,7 +212,13 @@ class HostSim:
                 device = memory
             return torch.empty(*size, device=device, **kw)
 
+        def zeros(*size, device=None, **kw):
+            if device is not None and torch.device(device).type == "cuda":
+                device = memory
+            return torch.zeros(*size, device=device, **kw)
+
         shim.empty = empty
+        shim.zeros = zeros
         shim.cuda = types.SimpleNamespace(
             Event=lambda *a, **k: _Event(self.counts), current_stream=lambda *a, **k: object(),
             current_device=lambda: 0, is_current_stream_capturing=self._capturing)

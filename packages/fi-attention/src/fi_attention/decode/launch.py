@@ -42,13 +42,14 @@ _F64 = ("sm_scale", "k_scale", "v_scale", "logits_soft_cap", "rope_scale", "rope
 TABLES_EARLY = 1   # kv_indptr and kv_last_page_len
 INDICES_EARLY = 2  # kv_indices
 PDL = 4
+GRID_MERGE = 8  # split requests merged by their last work item: no merge kernel
 
 
 class DecodeArgs(ctypes.Structure):
     """Field-for-field copy of ``struct DecodeArgs`` (decode_args.h); all fields 8 bytes."""
 
     _fields_ = ([(n, ctypes.c_int64) for n in _I64] + [(n, ctypes.c_double) for n in _F64]
-                + [("flags", ctypes.c_int64)])
+                + [("flags", ctypes.c_int64), ("merge_count", ctypes.c_int64)])
 
 
 def _fields(first: str, count: int) -> tuple:

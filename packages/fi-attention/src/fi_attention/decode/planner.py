@@ -51,7 +51,15 @@ CHUNK_ALIGN = 16
 # of 512 (18.7 us in the same sweep). The 6 other swept shapes (batch 1-32) keep their choices;
 # of 704 uniform (kv heads 4-32, batch 1-512, kv 512-65536) batches, the 22 that change all move
 # from one CTA per SM (or fewer) to two, as b1 kv8192 did.
-ONE_CTA_RATE = 0.75
+# Session 17 (the ring kernel at 2 CTAs per SM, launched with PDL, split requests merged in the
+# grid): one CTA per SM now streams at nearly its full share. A sweep of 11 small batches (batch
+# 1-32, 32-268 MB of K/V; decode_split_sweep_small_session17.json, tests/decode/test_planner.py's
+# H200_SMALL_SWEEPS) was fastest at 128 CTAs (one per SM) on 9 of them, by 2.8-15.5 % over the
+# 248-256 CTAs the rate of 0.75 picked (b1 kv32768: 39.3 against 40.4 us in 2048-token chunks; b2
+# kv4096: 12.7 against 14.6). Rates of 0.95-0.99 pick the fastest measured split of every small
+# batch and keep every choice on the earlier sweeps; 1.0 would leave b16 kv8192 unsplit on the
+# register tiles (31 % slower there).
+ONE_CTA_RATE = 0.97
 MULTI_CTA_RATE = 1.1
 CTA_COST_TOKENS = 175
 MERGE_COST_TOKENS = 135

@@ -20,7 +20,7 @@ from ..kv import check_kv_layout
 from ..reference import attention_reference
 from . import common
 from .batch import _ctas_per_sm
-from .launch import INDICES_EARLY, PDL, TABLES_EARLY, DecodeArgs, raw_stream
+from .launch import GRID_MERGE, INDICES_EARLY, PDL, TABLES_EARLY, DecodeArgs, capturing, raw_stream
 from .planner import plan_decode
 from .spec import heads_per_cta, select_spec
 
@@ -162,9 +162,28 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     a.sm_scale, a.k_scale, a.v_scale, a.logits_soft_cap = scale, ks, vs, cap
     a.rope_scale, a.rope_theta = rs, rt
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    rc = launch(ctypes.addressof(a), raw_stream(idx))
+    stream = raw_stream(idx)
+    if part is not None and not capturing():  # a split merged in the grid (see _stream_counters)
+        a.flags |= GRID_MERGE
+        a.merge_count = _stream_counters(idx, stream, hq)
+    rc = launch(ctypes.addressof(a), stream)
     if rc:
         raise mod.error(rc, "fi_batch_decode")
+
+
+# Zeroed arrival counters of the in-grid merge (merge_in_grid, decode_common.cuh) per (device,
+# stream): the kernel that merges a request puts its counters back to 0, and kernels of one stream
+# run one after the other, so every call on a stream can use the same ones; calls on other streams
+# may run at the same time and get their own. A call being captured into a CUDA graph launches the
+# merge kernel instead: the graph may be replayed on any stream.
+_COUNTERS: dict = {}
+
+
+def _stream_counters(idx: int, stream: int, n: int) -> int:
+    c = _COUNTERS.get((idx, stream))
+    if c is None or c.numel() < n:
+        c = _COUNTERS[(idx, stream)] = torch.zeros(max(n, 256), dtype=torch.int32, device=torch.device("cuda", idx))
+    return c.data_ptr()
 
 
 # Per call signature (device, dtypes, shapes, kv_len, options): backend, launch function, device
