@@ -61,23 +61,32 @@ def routine_table(data: dict) -> str:
 
 
 def ab_table(data: dict) -> str:
-    """An interleaved A/B run of tools/ab_fa3.py: one row per case, one column per build (median
-    time and speed-up over the first build, the median of per-round ratios)."""
+    """An interleaved A/B run of tools/ab_fa3.py / ab_decode.py: one row per case, one column per
+    build (median time and speed-up over the first build, the median of per-round ratios). A file
+    that merges several runs (``runs``: each with its command and builds) lists each case's own
+    builds in one cell."""
     env = data["environment"]
     cases = data["cases"]
-    builds = list(next(iter(cases.values())))
+    runs = data.get("runs")
+    commands = [r["command"] for r in runs] if runs else [env.get("command", "?")]
     lines = [
         f"## {data['routine']}",
         "",
-        f"{env.get('date', '?')} on {env.get('gpu', '?')}; command: `{env.get('command', '?')}`"
-        + (f". {env['note']}" if env.get("note") else ""),
+        f"{env.get('date', '?')} on {env.get('gpu', '?')}; command: "
+        + "; ".join(f"`{c}`" for c in commands) + (f". {env['note']}" if env.get("note") else ""),
         "",
-        "| case | " + " | ".join(builds) + " |",
-        "|---|" + "---|" * len(builds),
     ]
-    for case, row in cases.items():
-        cells = [f"{fmt(row[b]['median_us'], 1)} us (x{row[b]['paired_speedup']:.3f})" for b in builds]
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    builds = list(next(iter(cases.values())))
+    if all(list(row) == builds for row in cases.values()):
+        lines += ["| case | " + " | ".join(builds) + " |", "|---|" + "---|" * len(builds)]
+        for case, row in cases.items():
+            cells = [f"{fmt(row[b]['median_us'], 1)} us (x{row[b]['paired_speedup']:.3f})" for b in builds]
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    else:
+        lines += ["| case | builds |", "|---|---|"]
+        for case, row in cases.items():
+            cells = [f"{b}: {fmt(r['median_us'], 1)} us (x{r['paired_speedup']:.3f})" for b, r in row.items()]
+            lines.append(f"| {case} | " + "; ".join(cells) + " |")
     return "\n".join(lines)
 
 
