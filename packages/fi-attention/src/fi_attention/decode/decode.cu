@@ -9,7 +9,8 @@
 // per SM). Each row group keeps its own online-softmax state (base 2: log2(e) is folded into the
 // query scale, so the hot loop uses ex2.approx); the states of all row groups are merged through
 // shared memory at the end. Long requests are split into chunks by the host planner; a chunk
-// writes a partial (o, lse) to the float workspace and the merge kernel combines them.
+// writes a partial (o, lse) to the float workspace and the request's last chunk to finish combines
+// them (merge_in_grid, decode_common.cuh).
 //
 // Compile-time: FI_Q (query/output type), FI_KV (cache type), FI_HEAD_DIM, FI_GH (query heads per
 // CTA, divides the GQA group), FI_POS (0 none, 1 ROPE_LLAMA, 2 ALIBI), FI_SOFTCAP (0/1).
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
     }
   }
 
-  fi::launch_dependents();  // no more K/V to stream: the merge grid may start launching
+  fi::launch_dependents();  // no more K/V to stream: the next grid may start launching
   // Merge the ROWS softmax states of the CTA through shared memory.
   __shared__ __align__(16) float sm_o[ROWS][GH][D];
   __shared__ float sm_m[ROWS][GH], sm_l[ROWS][GH];

@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
       }
     }
   }
-  fi::launch_dependents();  // no more K/V to stream: the merge grid may start launching
+  fi::launch_dependents();  // no more K/V to stream: the next grid may start launching
   l += __shfl_xor_sync(fi::kFullMask, l, 1);
   l += __shfl_xor_sync(fi::kFullMask, l, 2);
 

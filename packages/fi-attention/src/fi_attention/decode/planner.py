@@ -13,8 +13,8 @@ bandwidth and its busiest SM's streaming (an SM with one CTA streams slower than
 or more faster), plus a prologue per CTA on the busiest SM. A larger grid is modelled as greedy
 list scheduling: the work over the CTA slots, the tail of the longest CTA, and a cost per CTA
 that the other CTAs of its SM only partly hide. Either way a split adds the merge: each chunk
-writes a partial (o, lse) into the float workspace, and a merge kernel combines a request's
-partials.
+writes a partial (o, lse) into the float workspace, and the request's last chunk to finish
+combines them (inside the decode grid; a merge kernel where the grid does not merge).
 
 This module is the specification, used for a wrapper's first plan of a uniform batch (whose plans
 are cached) and on CPU; plan() of a non-uniform batch, and of any host page table from a wrapper's
