@@ -69,8 +69,9 @@ def _check(out, q, cache, indptr, indices, last, requests, k_scale=None, v_scale
 
 def _host_times(dev) -> dict:
     """run() host cost on a small batch whose GPU work is shorter than the host work. The planner
-    splits its 512 tokens in two (run_host_split), so run() launches the decode and the merge
-    kernel; the unsplit plan's run() (one launch) is timed beside it."""
+    splits its 512 tokens in two (run_host_split), whose partials merge inside the decode grid
+    (one launch since session 17; the merge kernel was a second one before); the unsplit plan's
+    run() is timed beside it."""
     indptr, indices, last, n_pages = uniform_tables(1, 512)
     cache = torch.randn(n_pages, 2, PAGE, 8, D, device=dev).to(torch.bfloat16)
     q = torch.randn(1, 32, D, device=dev).to(torch.bfloat16)

@@ -271,6 +271,41 @@ def test_single_decode(kv_len, layout, use_tensor_cores):
     testing.assert_close(lse, rl[0], **LSE_TOL)
 
 
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+def test_single_decode_split_on_streams_and_in_a_graph(use_tensor_cores):
+    """A split single decode merges in the grid on per-stream counters, and through the merge
+    kernel while it is captured (the graph may replay on any stream): two side streams at once
+    (equal to the eager result bit for bit), then a captured call replayed after its input
+    changed (against the reference and the eager call)."""
+    q = testing.randn((32, 128), torch.bfloat16, DEV, seed=1)
+    k = testing.randn((20000, 8, 128), torch.bfloat16, DEV, seed=2)
+    v = testing.randn((20000, 8, 128), torch.bfloat16, DEV, seed=3)
+    eager = single_decode_with_kv_cache(q, k, v, use_tensor_cores=use_tensor_cores)
+    testing.assert_close(eager, attention_reference(q[None], k, v)[0], dtype=torch.bfloat16)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    outs = []
+    for s in (s1, s2, s1, s2):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            outs.append(single_decode_with_kv_cache(q, k, v, use_tensor_cores=use_tensor_cores))
+    torch.cuda.synchronize()
+    for o in outs:
+        assert torch.equal(o, eager)
+    qg = q.clone()
+    single_decode_with_kv_cache(qg, k, v, use_tensor_cores=use_tensor_cores)  # warm-up outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        og = single_decode_with_kv_cache(qg, k, v, use_tensor_cores=use_tensor_cores)
+    q2 = testing.randn((32, 128), torch.bfloat16, DEV, seed=9)
+    qg.copy_(q2)
+    g.replay()
+    torch.cuda.synchronize()
+    testing.assert_close(og, attention_reference(q2[None], k, v)[0], dtype=torch.bfloat16)
+    # (the merge kernel sums in another order than the in-grid merge: close, not equal bits)
+    testing.assert_close(og, single_decode_with_kv_cache(q2, k, v, use_tensor_cores=use_tensor_cores),
+                         dtype=torch.bfloat16)
+
+
 def test_single_decode_options_and_fp8():
     q = testing.randn((32, 128), torch.float16, DEV, seed=1)
     k = testing.randn((3000, 4, 128), torch.float32, DEV, seed=2).to(torch.float8_e4m3fn)
