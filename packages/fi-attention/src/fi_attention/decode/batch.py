@@ -28,9 +28,9 @@ from fi_core.errors import InputError, InputTypeError
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from . import common
-from .launch import (GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_OUT, OFF_Q, OFF_SHAPE, OFF_TABLES,
-                     OFF_TAIL, PACK_KV, PACK_OPTS, PACK_OUT, PACK_Q, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL,
-                     TABLES_EARLY, DecodeArgs, capturing, page_shift, raw_stream)
+from .launch import (GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_RUN, OFF_SHAPE, OFF_TABLES, OFF_TAIL,
+                     PACK_KV, PACK_OPTS, PACK_RUN, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, TABLES_EARLY,
+                     DecodeArgs, capturing, page_shift, raw_stream)
 from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
@@ -527,12 +527,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         part_o = self._float_ws.data_ptr()
         PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
         PACK_OPTS(a, OFF_OPTS, *o.opt_fields)
-        # window_left, grid_items, merge_batch, sm_scale: run() writes them with the scales
+        # window_left, grid_items, merge_batch, sm_scale (a run() that overrides window_left or q_scale
+        # writes its own for its launch)
         self._tail = (o.window_left, cap, self._batch if (plan.split or graph) else 0, o.sm_scale)
+        PACK_TAIL(a, OFF_TAIL, *self._tail)
         self._mod_launch = launch
         self._kv_last = None
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
-                      self._args_addr, launch, self._tail)
+                      self._args_addr, launch)
 
     def _merge_counters(self, n: int, graph: bool) -> int:
         """Address of at least ``n`` zeroed int32 arrival counters, one per (request, query head),
@@ -582,7 +584,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if (not _compiling() and (fast := self._fast) is not None and lse is None and not return_lse
                 and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)
                 and not _check_inputs()):
-            q_dtype, q_shape, dev, no_capture, seen, a, addr, launch, tail = fast
+            q_dtype, q_shape, dev, no_capture, seen, a, addr, launch = fast
             c = paged_kv_cache
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
                     and (k_scale is None or type(k_scale) is float)
@@ -598,13 +600,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
                         out = torch.empty_like(q, memory_format=_CONTIGUOUS)
                     os_ = out.stride()
                     if os_[2] == 1:
-                        PACK_Q(a, OFF_Q, qp, qs[0], qs[1])
                         if kv is not self._kv_last:  # the previous call's cache: its fields are set
                             PACK_KV(a, OFF_KV, *kv[0])
                             self._kv_last = kv
-                        PACK_OUT(a, OFF_OUT, out.data_ptr(), os_[0], os_[1], 0)
-                        PACK_TAIL(a, OFF_TAIL, tail[0], tail[1], tail[2], tail[3],
-                                  1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
+                        PACK_RUN(a, OFF_RUN, qp, qs[0], qs[1], out.data_ptr(), os_[0], os_[1], 0,
+                                 1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
                         rc = launch(addr, raw_stream(dev))
                         if rc:
                             raise self._mod.error(rc, "fi_batch_decode")
@@ -707,22 +707,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.get_device() != self._dev_index:
             raise InputError(f"q is on cuda:{q.get_device()} but the workspace on cuda:{self._dev_index}")
         a = self._args
-        PACK_Q(a, OFF_Q, qp, qs[0], qs[1])
         if kv is not self._kv_last:  # the same cache as the previous call: its fields are set
             PACK_KV(a, OFF_KV, *kv[0])
             self._kv_last = kv
         os_ = out.stride()
-        PACK_OUT(a, OFF_OUT, out.data_ptr(), os_[0], os_[1], 0 if lse is None else lse.data_ptr())
+        PACK_RUN(a, OFF_RUN, qp, qs[0], qs[1], out.data_ptr(), os_[0], os_[1], 0 if lse is None else lse.data_ptr(),
+                 ks, vs)
+        # This launch only: the fast path's argument block keeps plan()'s window, scale and flags.
         tail = self._tail
-        PACK_TAIL(a, OFF_TAIL, wl, tail[1], tail[2], self._sm_scale * sm_mul, ks, vs)
-        if pdl:
-            rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
-        else:  # this launch only: the fast path's argument block keeps the planned flags
+        sm_scale = self._sm_scale * sm_mul
+        own_tail = wl != tail[0] or sm_scale != tail[3]
+        if own_tail:
+            PACK_TAIL(a, OFF_TAIL, wl, tail[1], tail[2], sm_scale)
+        if not pdl:
             a.flags = self._flags & ~PDL
-            try:
-                rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
-            finally:
-                a.flags = self._flags
+        try:
+            rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
+        finally:
+            if own_tail:
+                PACK_TAIL(a, OFF_TAIL, *tail)
+            a.flags = self._flags
         if rc:
             raise self._mod.error(rc, "fi_batch_decode")
 

@@ -6,17 +6,21 @@
 #include <stdint.h>
 
 struct DecodeArgs {
+  // What a run() call sets (one contiguous pack on the Python launch path):
   int64_t q, q_stride_b, q_stride_h;                 // q [B, Hq, D]
+  int64_t out, o_stride_b, o_stride_h, lse;          // lse may be 0
+  double k_scale, v_scale;
+  // The cache (packed when run() gets another one):
   int64_t k, k_stride_page, k_stride_tok, k_stride_head;
   int64_t v, v_stride_page, v_stride_tok, v_stride_head;
+  // What plan() sets:
   int64_t kv_indptr, kv_indices, kv_last_page_len;   // int32 device arrays
   int64_t work, num_work;                            // int32 [cap, 4], int32 [1]
   int64_t merge_indptr;                              // int32 [B + 1]: partial slots per request
-  int64_t out, o_stride_b, o_stride_h, lse;          // lse may be 0
   int64_t part_o, part_lse;                          // float workspace
   int64_t num_qo_heads, num_kv_heads, page_size, page_shift, window_left;
   int64_t grid_items, merge_batch;                   // decode grid.x; merge grid.x (0: no merge)
-  double sm_scale, k_scale, v_scale, logits_soft_cap, rope_scale, rope_theta;
+  double sm_scale, logits_soft_cap, rope_scale, rope_theta;
   int64_t flags;                                     // DecodeFlag bits
   int64_t merge_count;                               // int32 [B * Hq] zeroed counters (kDecodeGridMerge)
 };

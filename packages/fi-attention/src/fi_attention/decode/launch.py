@@ -25,16 +25,17 @@ except AttributeError:  # pragma: no cover - CPU-only torch builds
 # builds carry a placeholder of the C function that raises, hence the version test.
 capturing = torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda else is_capturing
 
-_I64 = ("q", "q_stride_b", "q_stride_h",
-        "k", "k_stride_page", "k_stride_tok", "k_stride_head",
-        "v", "v_stride_page", "v_stride_tok", "v_stride_head",
-        "kv_indptr", "kv_indices", "kv_last_page_len",
-        "work", "num_work", "merge_indptr",
-        "out", "o_stride_b", "o_stride_h", "lse",
-        "part_o", "part_lse",
-        "num_qo_heads", "num_kv_heads", "page_size", "page_shift", "window_left",
-        "grid_items", "merge_batch")
-_F64 = ("sm_scale", "k_scale", "v_scale", "logits_soft_cap", "rope_scale", "rope_theta")
+_I, _D = ctypes.c_int64, ctypes.c_double
+# struct DecodeArgs (decode_args.h), field for field: what run() sets, the cache, what plan() sets.
+_FIELDS = ([(n, _I) for n in ("q", "q_stride_b", "q_stride_h", "out", "o_stride_b", "o_stride_h", "lse")]
+           + [("k_scale", _D), ("v_scale", _D)]
+           + [(n, _I) for n in ("k", "k_stride_page", "k_stride_tok", "k_stride_head",
+                                "v", "v_stride_page", "v_stride_tok", "v_stride_head",
+                                "kv_indptr", "kv_indices", "kv_last_page_len", "work", "num_work", "merge_indptr",
+                                "part_o", "part_lse", "num_qo_heads", "num_kv_heads", "page_size", "page_shift",
+                                "window_left", "grid_items", "merge_batch")]
+           + [(n, _D) for n in ("sm_scale", "logits_soft_cap", "rope_scale", "rope_theta")]
+           + [("flags", _I), ("merge_count", _I)])
 
 # DecodeArgs.flags (decode_args.h, DecodeFlag): which page tables plan() wrote itself (the kernel
 # may read those before it waits for the previous grid) and whether the grid launches with
@@ -48,8 +49,7 @@ GRID_MERGE = 8  # split requests merged by their last work item: no merge kernel
 class DecodeArgs(ctypes.Structure):
     """Field-for-field copy of ``struct DecodeArgs`` (decode_args.h); all fields 8 bytes."""
 
-    _fields_ = ([(n, ctypes.c_int64) for n in _I64] + [(n, ctypes.c_double) for n in _F64]
-                + [("flags", ctypes.c_int64), ("merge_count", ctypes.c_int64)])
+    _fields_ = _FIELDS
 
 
 def _fields(first: str, count: int) -> tuple:
@@ -60,11 +60,12 @@ def _fields(first: str, count: int) -> tuple:
     return struct.Struct("=" + fmt).pack_into, getattr(DecodeArgs, first).offset
 
 
-PACK_Q, OFF_Q = _fields("q", 3)  # q, q_stride_b, q_stride_h
+# q, q_stride_b, q_stride_h, out, o_stride_b, o_stride_h, lse, k_scale, v_scale: one run()
+PACK_RUN, OFF_RUN = _fields("q", 9)
 PACK_KV, OFF_KV = _fields("k", 8)  # k, its page/token/head strides, v, its strides
-PACK_OUT, OFF_OUT = _fields("out", 4)  # out, o_stride_b, o_stride_h, lse
-# window_left, grid_items, merge_batch, sm_scale, k_scale, v_scale
-PACK_TAIL, OFF_TAIL = _fields("window_left", 6)
+# window_left, grid_items, merge_batch, sm_scale: written by plan(), and by a run() that overrides
+# window_left or q_scale (which puts plan()'s values back after its launch)
+PACK_TAIL, OFF_TAIL = _fields("window_left", 4)
 # plan-time fields: kv_indptr, kv_indices, kv_last_page_len, work, num_work, merge_indptr; part_o,
 # part_lse, num_qo_heads, num_kv_heads, page_size, page_shift; logits_soft_cap, rope_scale, rope_theta
 PACK_TABLES, OFF_TABLES = _fields("kv_indptr", 6)
