@@ -469,10 +469,12 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // fi_batch_decode of either kernel: the decode grid (grid_items items x kv units), then the merge
 // kernel when the plan split a request (merge_batch > 0) and the grid does not merge (grid_merge).
 // With kDecodePdl on sm_90+ the decode grid is launched with PDL (see DecodeFlag): in a decode
-// loop its CTAs launch and read their plan while the previous kernel (the previous step's merge,
-// which triggers at its top) finishes. tools/ab_decode.py in turns against launching after the
-// previous kernel (H200, decode_ab_pdl_session16.json): b1 x 32768 x1.037, b1 x 8192 x1.090,
-// b16 x 8192 x1.015; b64 / b128 (unsplit: one kernel per step) and fp8 b128 (a 536 us step) x0.997-1.000.
+// loop its CTAs launch and read their plan while the previous kernel (the previous step's decode
+// grid, whose CTAs trigger after their main loop) finishes. tools/ab_decode.py in turns against
+// launching after the previous kernel (H200, decode_ab_pdl_session16.json, with the merge kernel
+// of the time): b1 x 32768 x1.037, b1 x 8192 x1.090, b16 x 8192 x1.015; b64 / b128 (unsplit) and
+// fp8 b128 (a 536 us step) x0.997-1.000. The merge in the grid (session 17,
+// decode_ab_grid_merge_session17.json): x1.01-1.04 on small split batches, x0.997-1.002 on b16 and fp8.
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
                                cudaStream_t stream) {
