@@ -92,6 +92,9 @@ __device__ __forceinline__ float alibi_slope(int h, int num_heads) {
 #ifndef FI_GRID_MERGE
 #define FI_GRID_MERGE 1
 #endif
+#ifndef FI_DECODE_SPREAD
+#define FI_DECODE_SPREAD 1  // see launch_batch_decode
+#endif
 inline bool grid_merge(const DecodeArgs* a) {
   return FI_GRID_MERGE && (a->flags & kDecodeGridMerge) && a->merge_count != 0;
 }
@@ -480,11 +483,19 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
                                cudaStream_t stream) {
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
+    // A grid of at most one CTA per SM asks for half an SM's shared memory (which it does not
+    // use), so that no SM can hold two of its CTAs. The block scheduler otherwise packs CTAs two
+    // to an SM wherever a slot is free: with PDL the next step's CTAs fill the second slots of
+    // the SMs the previous grid still occupies, and a per-CTA trace of b1 x 32768 (128 CTAs,
+    // FI_DECODE_TRACE) found 5 SMs with two CTAs and 9 with none; b1 x 16384: 54 with two, 58
+    // idle. FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
+    int launch_smem = smem;
+    if (FI_DECODE_SPREAD && int(grid) <= fi::sm_count() && fi::smem_per_sm() / 2 > smem) launch_smem = fi::smem_per_sm() / 2;
+    FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem));
     if ((a->flags & kDecodePdl) && fi::pdl_supported()) {
-      FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(smem), stream, p));
+      FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(launch_smem), stream, p));
     } else {
-      kernel<<<grid, threads, smem, stream>>>(p);
+      kernel<<<grid, threads, launch_smem, stream>>>(p);
       FI_TRY(cudaGetLastError());
     }
   }

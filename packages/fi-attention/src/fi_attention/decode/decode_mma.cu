@@ -178,6 +178,31 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 
 using Params = fi_attn::DecodeParams<QT, KVT>;
 
+// FI_DECODE_TRACE=N (diagnostic builds only, e.g. tools/ab_decode.py style A/B switches): thread 0
+// of each of the first N CTAs records %globaltimer (ns) at entry, once its first tiles are issued
+// (after the PDL wait), after its main loop and at exit, and its SM; fi_decode_trace_read copies
+// the last launch's records out. Off (0) in every shipped build.
+#ifndef FI_DECODE_TRACE
+#define FI_DECODE_TRACE 0
+#endif
+#if FI_DECODE_TRACE
+__device__ unsigned long long fi_decode_trace[FI_DECODE_TRACE][5];
+__device__ __forceinline__ void trace(int what) {
+  if (threadIdx.x == 0 && blockIdx.x < FI_DECODE_TRACE) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    fi_decode_trace[blockIdx.x][what] = t;
+    if (what == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      fi_decode_trace[blockIdx.x][4] = sm;
+    }
+  }
+}
+#else
+__device__ __forceinline__ void trace(int) {}
+#endif
+
 // Element offset of row `of` of page `pg` with 32-bit strides (the launcher rejects larger
 // ones): two widening 32 x 32 -> 64-bit multiplies instead of two 64-bit products. `of` can be
 // large (single decode puts a whole request in one page), so its product stays 64-bit too.
@@ -389,6 +414,7 @@ struct WarpRing {
 
 // 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
 __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const Params p) {
+  trace(0);
   fi_attn::DecodeWork wk;
   if (!fi_attn::decode_work<GH>(p, wk)) return;  // CUDA-graph mode launches the capacity
   const int kvh = wk.kvh, qh0 = wk.qh0, req = wk.req, part = wk.part;
@@ -399,6 +425,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 
 #if FI_MMA_VARIANT == 3
   WarpRing ring(p, kvh, page_lo, lo, hi, warp, g, c);  // starts the warp's first STAGES tiles
+  trace(1);
 #else
   fi::grid_dependency_wait();  // PDL: the register tiles read no page ids before it
 #endif
@@ -549,6 +576,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
     }
   }
   fi::launch_dependents();  // no more K/V to stream: the next grid may start launching
+  trace(2);
   l += __shfl_xor_sync(fi::kFullMask, l, 1);
   l += __shfl_xor_sync(fi::kFullMask, l, 2);
 
@@ -575,6 +603,7 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   if (g < GH && c == 0) { sm_m[warp][g] = m; sm_l[warp][g] = l; }
   __syncthreads();
   fi_attn::store_merged<QT, D, GH, NW, NW * 32>(p, sm_o, sm_m, sm_l, req, qh0, part);
+  trace(3);
 }
 
 }  // namespace
@@ -587,6 +616,12 @@ FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
   return fi_attn::launch_batch_decode<QT, D>(a, p, decode_mma_kernel, NW * 32, SMEM_BYTES, stream);
 }
+
+#if FI_DECODE_TRACE
+FI_EXPORT int fi_decode_trace_read(void* dst) {
+  return int(cudaMemcpyFromSymbol(dst, fi_decode_trace, sizeof(fi_decode_trace)));
+}
+#endif
 
 FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {
   return fi_attn::batch_decode_occupancy(blocks_per_sm, decode_mma_kernel, NW * 32, SMEM_BYTES);

@@ -120,4 +120,18 @@ inline int sm_count() {
   return cached[dev];
 }
 
+// Shared memory per SM of the current device in bytes (228 KB on sm_90), read once per device.
+inline int smem_per_sm() {
+  static int cached[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    cached[dev] = n > 0 ? n : 48 * 1024;
+  }
+  return cached[dev];
+}
+
 }  // namespace fi
