@@ -105,9 +105,10 @@ def main() -> int:
     tables = 0
     for f in files:
         data = json.loads(f.read_text())
-        if not isinstance(data, dict) or not ("cases" in data or "results" in data):
+        is_ab = isinstance(data, dict) and "cases" in data and "environment" in data
+        if not (is_ab or (isinstance(data, dict) and "results" in data)):
             continue  # a probe's own format (e.g. tools/decode_layout_probe.py): cited by the notes
-        parts.append(ab_table(data) if "cases" in data else routine_table(data))
+        parts.append(ab_table(data) if is_ab else routine_table(data))
         tables += 1
     Path(args.out).write_text("\n\n".join(parts) + "\n")
     print(f"wrote {args.out} from {tables} result file(s) ({len(files) - tables} probe files cited only)")
