@@ -488,7 +488,10 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
     // to an SM wherever a slot is free: with PDL the next step's CTAs fill the second slots of
     // the SMs the previous grid still occupies, and a per-CTA trace of b1 x 32768 (128 CTAs,
     // FI_DECODE_TRACE) found 5 SMs with two CTAs and 9 with none; b1 x 16384: 54 with two, 58
-    // idle. FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
+    // idle. Plain wrappers in turns (decode_spread_ab_final_session17.json): b1 x 32768 x1.21,
+    // b1 x 16384 x1.30, b4 x 8192 x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle
+    // CTAs) and is not spread: one CTA per SM would queue the idle ones on a few SMs.
+    // FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
     int launch_smem = smem;
     if (FI_DECODE_SPREAD && int(grid) <= fi::sm_count() && fi::smem_per_sm() / 2 > smem) launch_smem = fi::smem_per_sm() / 2;
     FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem));
