@@ -106,32 +106,26 @@ inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-// Number of SMs of the current device, read from the runtime once per device (never a literal).
-inline int sm_count() {
+// An attribute of the current device, read from the runtime once per (attribute, device);
+// `fallback` where the runtime reports none.
+template <cudaDeviceAttr Attr>
+inline int cached_device_attribute(int fallback) {
   static int cached[64] = {0};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
   if (cached[dev] == 0) {
     int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cached[dev] = n > 0 ? n : 1;
+    cudaDeviceGetAttribute(&n, Attr, dev);
+    cached[dev] = n > 0 ? n : fallback;
   }
   return cached[dev];
 }
 
-// Shared memory per SM of the current device in bytes (228 KB on sm_90), read once per device.
-inline int smem_per_sm() {
-  static int cached[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    cached[dev] = n > 0 ? n : 48 * 1024;
-  }
-  return cached[dev];
-}
+// Number of SMs of the current device (never a literal).
+inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(1); }
+
+// Shared memory per SM of the current device in bytes (228 KB on sm_90).
+inline int smem_per_sm() { return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(48 * 1024); }
 
 }  // namespace fi
