@@ -483,17 +483,13 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
                                cudaStream_t stream) {
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
-    // A grid of at most one CTA per SM asks for half an SM's shared memory (which it does not
-    // use), so that no SM can hold two of its CTAs. The block scheduler otherwise packs CTAs two
-    // to an SM wherever a slot is free: with PDL the next step's CTAs fill the second slots of
-    // the SMs the previous grid still occupies, and a per-CTA trace of b1 x 32768 (128 CTAs,
-    // FI_DECODE_TRACE) found 5 SMs with two CTAs and 9 with none; b1 x 16384: 54 with two, 58
-    // idle. Plain wrappers in turns (decode_spread_ab_final_session17.json): b1 x 32768 x1.21,
-    // b1 x 16384 x1.30, b4 x 8192 x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle
-    // CTAs) and is not spread: one CTA per SM would queue the idle ones on a few SMs.
+    // A grid of at most one CTA per SM is launched so that no SM holds two (fi::one_cta_per_sm_smem):
+    // a per-CTA trace of b1 x 32768 (128 CTAs, FI_DECODE_TRACE) had found 5 SMs with two CTAs and
+    // 9 with none, b1 x 16384 54 with two and 58 idle. Plain wrappers in turns
+    // (decode_spread_ab_final_session17.json): b1 x 32768 x1.21, b1 x 16384 x1.30, b4 x 8192
+    // x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle CTAs) and is not affected.
     // FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
-    int launch_smem = smem;
-    if (FI_DECODE_SPREAD && int(grid) <= fi::sm_count() && fi::smem_per_sm() / 2 > smem) launch_smem = fi::smem_per_sm() / 2;
+    const int launch_smem = FI_DECODE_SPREAD ? fi::one_cta_per_sm_smem(grid, smem) : smem;
     FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem));
     if ((a->flags & kDecodePdl) && fi::pdl_supported()) {
       FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(launch_smem), stream, p));

@@ -128,4 +128,16 @@ inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessor
 // Shared memory per SM of the current device in bytes (228 KB on sm_90).
 inline int smem_per_sm() { return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(48 * 1024); }
 
+// Dynamic shared memory to launch a grid of `grid` CTAs with, each needing `smem` bytes, so that
+// the block scheduler puts at most one CTA on an SM: half an SM's shared memory (unused) when the
+// grid fits one CTA per SM and the kernel needs less, else `smem`. Without it the scheduler packs
+// CTAs two to an SM wherever a slot is free (under PDL the next grid's CTAs fill the slots the
+// previous grid leaves) while other SMs idle. Callers raise the kernel's limit to the result
+// (set_max_dynamic_smem).
+inline int one_cta_per_sm_smem(unsigned grid, int smem) {
+  if (grid > unsigned(sm_count())) return smem;
+  const int half = smem_per_sm() / 2;
+  return half > smem ? half : smem;
+}
+
 }  // namespace fi
