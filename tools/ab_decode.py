@@ -18,7 +18,9 @@ are not defines: SPLIT=N plans that build with ``fixed_split_size=N`` pages, SPL
 ``disable_split_kv`` (one work item per request), instead of the planner's choice; TC=1 builds the
 wrapper with ``use_tensor_cores=True`` (the tensor-core kernel where "auto" takes the CUDA-core one:
 one query head per KV head); PDL=0 runs that build with ``run(enable_pdl=False)`` (the decode grid
-launched after the previous kernel instead of with programmatic dependent launch).
+launched after the previous kernel instead of with programmatic dependent launch); SPREAD=0 plans
+that build without spread mode (decode_work: plans of at most one CTA per SM then run on the CTAs
+blockIdx picks, as before session 18).
 ``--build-only`` compiles the modules the builds need for sm_90a and exits (a kernel cache that
 travels to the GPU machine). Every build's output must match the first build's, and the first
 build's output the reference on a few requests.
@@ -55,6 +57,8 @@ def parse_build(text: str) -> tuple[dict, dict, dict, dict]:
     plan = {} if split is None else {"disable_split_kv": True} if split == 0 else {"fixed_split_size": split}
     wrapper = {"use_tensor_cores": bool(sw.pop("TC"))} if "TC" in sw else {}
     run = {"enable_pdl": bool(sw.pop("PDL"))} if "PDL" in sw else {}
+    if "SPREAD" in sw:
+        plan["_spread"] = bool(sw.pop("SPREAD"))
     return {f"FI_{name}": v for name, v in sw.items()}, plan, wrapper, run
 
 
@@ -133,9 +137,16 @@ def main() -> int:
             w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
                 torch.empty(128 << 20, dtype=torch.uint8, device=dev), indptr.to(dev), indices.to(dev),
                 last.to(dev), **wrapper_opts)
-            with use_build(sw):
-                w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
-                       **plan_opts)
+            from fi_attention.decode import batch as decode_batch  # noqa: PLC0415
+
+            opts = dict(plan_opts)
+            decode_batch.GRAPH_SPREAD = opts.pop("_spread", True)
+            try:
+                with use_build(sw):
+                    w.plan(indptr, indices, last, hq, hkv, D, PAGE, q_data_type=torch.bfloat16,
+                           kv_data_type=kv_dtype, **opts)
+            finally:
+                decode_batch.GRAPH_SPREAD = True
             out = torch.empty(batch, hq, D, dtype=torch.bfloat16, device=dev)
             w.run(q, cache, out=out, **scales, **run_opts)
             torch.cuda.synchronize()

@@ -388,6 +388,69 @@ def test_cuda_graph_replay_after_replan(backend):
         testing.assert_close(lse, rl, **LSE_TOL)
 
 
+
+@KERNELS
+@pytest.mark.parametrize("claims", [True, False])
+def test_cuda_graph_spread_mode(backend, claims):
+    """CUDA-graph wrappers run plans of at most one CTA per SM in spread mode: the first CTA of a
+    launch on each SM takes the next unit from a queue, and the launch's last CTA takes whatever is
+    left. claims=False builds the kernel without the SM claims, so that CTA runs every unit one
+    after the other. Either way each replay must give the plain wrapper's bits, across re-plans
+    that switch spread mode off and on again under the same captured graph."""
+    if not claims and backend == "cuda-core":
+        pytest.skip("the claims switch is a tensor-core build option (spec.MMA_AB)")
+    ps, hq, hkv, d, max_pages, B = 16, 32, 8, 128, 8192, 4
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cache = testing.randn((max_pages, 2, ps, hkv, d), torch.bfloat16, DEV, seed=11)
+    q = testing.randn((B, hq, d), torch.bfloat16, DEV, seed=12)
+    bufs = (torch.zeros(B + 1, dtype=torch.int32, device=DEV), torch.zeros(max_pages, dtype=torch.int32, device=DEV),
+            torch.zeros(B, dtype=torch.int32, device=DEV))
+    saved = decode_spec.MMA_AB
+    decode_spec.MMA_AB = {} if claims else {"FI_DECODE_SPREAD_CLAIMS": 0}
+    decode_spec.decode_mma_spec.cache_clear()
+    try:
+        w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV),
+                                               use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+                                               paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2],
+                                               backend=backend)
+        plain = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV),
+                                                   backend=backend)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, hq, dtype=torch.float32, device=DEV)
+        first = _graph_tables([8000, 8000, 8000, 8000], ps, max_pages, seed=13)
+        w.plan(*first, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+        w.run(q, cache, out=out, lse=lse)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(3):
+                w.run(q, cache, out=out, lse=lse)
+        seen = set()
+        for seed, lens in ((13, [8000, 8000, 8000, 8000]), (14, [30000, 30000, 30000, 30000]),
+                           (15, [1, 17, 2500, 600]), (16, [32000, 32000, 32000, 32000]), (17, [5, 4000, 9, 1])):
+            tables = _graph_tables(lens, ps, max_pages, seed)
+            w.plan(*tables, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+            spread = w._spread  # the word plan() wrote after num_work
+            assert spread == (w._plan.num_items * hkv <= sms), (lens, w._plan.num_items)
+            seen.add(spread)
+            plain.plan(*tables, hq, hkv, d, ps, q_data_type=torch.bfloat16)
+            want_o, want_l = plain.run(q, cache, return_lse=True)
+            ro, rl = batch_decode_reference(q, cache, *tables, return_lse=True)
+            testing.assert_close(want_o, ro, dtype=torch.bfloat16, msg=f"lens {lens}: ")
+            same_plan = w._plan.work.shape == plain._plan.work.shape and (w._plan.work == plain._plan.work).all()
+            for r in range(4):
+                out.fill_(float("nan"))
+                g.replay()
+                testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"lens {lens} replay {r}: ")
+                testing.assert_close(lse, rl, **LSE_TOL)
+                if same_plan:  # the same units, merged in slot order: the same bits
+                    assert torch.equal(out, want_o) and torch.equal(lse, want_l), f"lens {lens} replay {r}"
+            assert not w._counters.any(), f"lens {lens}: arrival counters left {w._counters.nonzero()}"
+        assert seen == {0, 1}, "the plans must cover spread mode on and off"
+    finally:
+        decode_spec.MMA_AB = saved
+        decode_spec.decode_mma_spec.cache_clear()
+
 @KERNELS
 @pytest.mark.parametrize("tables", ["host", "device", "graph_host", "graph_in_buf"])
 def test_pdl_chain_reads_the_previous_steps_output(backend, tables):

@@ -587,3 +587,30 @@ def test_enable_pdl_false_clears_the_pdl_bit_for_that_run_only(sim):
     assert sim.launches[-1][0].flags & launch.PDL
     with pytest.raises(InputTypeError, match="enable_pdl must be None or a bool"):
         w.run(q, cache, enable_pdl=1)
+
+
+def test_cuda_graph_plans_of_one_cta_per_sm_run_in_spread_mode(sim):
+    """A CUDA-graph wrapper's plan of at most one CTA per SM is flagged for spread mode (the word
+    after num_work, which decode_work reads with it) and every launch points at the wrapper's one
+    zeroed queue; larger plans and plain wrappers are not flagged."""
+    q = torch.zeros(4, HQ, D, dtype=BF16)
+    bufs = (torch.zeros(5, dtype=torch.int32), torch.zeros(16384, dtype=torch.int32), torch.zeros(4, dtype=torch.int32))
+    g = sim.wrapper(graph_buffers=bufs)
+    seen = []
+    for lens in ([8000] * 4, [30000] * 4, [1, 17, 2500, 600], [8000] * 4):
+        indptr, indices, last = tables(lens)
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        g.run(q, cache_for(bufs[1]))
+        a = sim.launches[-1][0]
+        num_work, spread = ctypes.c_int32.from_address(a.num_work).value, ctypes.c_int32.from_address(a.num_work + 4).value
+        assert num_work == g._plan.num_items
+        assert spread == (0 < num_work * HKV <= SM_COUNT), (lens, num_work)
+        assert a.sched == g._sched.data_ptr() and not g._sched.any()
+        seen.append(spread)
+    assert seen == [1, 0, 1, 1]
+    w = sim.wrapper()
+    indptr, indices, last = tables([8000] * 4)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    w.run(q, cache_for(indices))
+    a = sim.launches[-1][0]
+    assert a.sched == 0 and ctypes.c_int32.from_address(a.num_work + 4).value == 0

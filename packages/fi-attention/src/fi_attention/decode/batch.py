@@ -46,11 +46,21 @@ _CONTIGUOUS = torch.contiguous_format
 _capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else capturing
 
 _OCCUPANCY: dict = {}
+# CUDA-graph wrappers run plans of at most one CTA per SM in spread mode (decode_work in
+# decode_common.cuh); False plans them the blockIdx way (A/B timing only).
+GRAPH_SPREAD = True
 # plan() signature -> backend name, and -> (kernel name, module, launch fn, CTAs per SM, SMs)
 _IMPL_CACHE: dict = {}
 _MODULE_CACHE: dict = {}
 # Scalar plan() options are remembered per wrapper only when every one is an immutable value.
 _PLAIN = (type(None), bool, int, float, str, torch.dtype)
+
+
+def _spread_word(o, plan) -> int:
+    """The word after num_work of a CUDA-graph plan: 1 runs it in spread mode (decode_work in
+    decode_common.cuh: a plan of at most one CTA per SM runs on the first CTA of each SM, wherever
+    the block scheduler puts the capacity grid's CTAs)."""
+    return 1 if GRAPH_SPREAD and 0 < plan.num_items * o.kv_units <= o.kernel[4] else 0
 
 
 def _ctas_per_sm(mod) -> int:
@@ -185,6 +195,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._args_addr = ctypes.addressof(self._args)
         self._flags = PDL  # DecodeArgs.flags of the current plan (_finish_cuda_plan)
         self._counters: Optional[torch.Tensor] = None  # see _merge_counters
+        self._sched: Optional[torch.Tensor] = None  # see _spread_queue
+        self._sched_grid = 0
+        self._spread = 0  # the last CUDA-graph plan's spread-mode word (_spread_word)
         self._retired_counters: list = []
         self._capacity: Optional[int] = None
         self._planned = False
@@ -337,6 +350,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kernel_name, self._mod, launch, _, _ = o.kernel
         cap, slots = (capacity, capacity) if graph else (plan.num_items, plan.num_slots)
         self._check_workspace(o, slots)
+        if graph:
+            host[cap * 4 + 1] = self._spread = _spread_word(o, plan)
         off_last, off_idx = off_indptr + batch + 1, off_indptr + 2 * batch + 1
         st.upload(off_idx + nnz if host_idx else off_idx)
         base = st.device_ptr
@@ -471,6 +486,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             n4 = plan.num_items * 4
             host[:n4] = plan.packed[:n4]
             host[cap * 4: n_meta] = plan.packed[n4:]
+            host[cap * 4 + 1] = self._spread = _spread_word(o, plan)
         else:
             host[:n_meta] = plan.packed
         if stage:
@@ -523,6 +539,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         a = self._args
         a.flags = self._flags = early | PDL | GRID_MERGE
         a.merge_count = self._merge_counters(self._batch * o.hq, graph) if (plan.split or graph) else 0
+        a.sched = self._spread_queue(cap * o.kv_units) if graph else 0
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
         part_o = self._float_ws.data_ptr()
         PACK_SHAPE(a, OFF_SHAPE, part_o, part_o + slots * o.hq * o.d * 4, *o.shape_fields)
@@ -547,6 +564,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 self._retired_counters.append(c)
             c = self._counters = torch.zeros(max(n, 1024), dtype=torch.int32, device=self._device)
         return c.data_ptr()
+
+    def _spread_queue(self, grid: int) -> int:
+        """Address of a CUDA-graph wrapper's spread-mode queue (decode_work, decode_common.cuh):
+        uint64 [3 + 1024], zeroed when allocated and whenever the grid size changes (its launch
+        numbers are tickets / grid). Allocated once: captured kernels hold its address."""
+        q = self._sched
+        if q is None:
+            q = self._sched = torch.zeros(3 + 1024, dtype=torch.int64, device=self._device)
+        elif grid != self._sched_grid:
+            q.zero_()
+        self._sched_grid = grid
+        return q.data_ptr()
 
     def _dev_table(self, src, buf, graph, non_blocking):
         """A page table on the device: the user's device tensor, an upload of a host one, or (CUDA-

@@ -51,9 +51,9 @@ __device__ __forceinline__ float rope_angle(const Params& p, int i, int pos) {
   return float(pos) * inv_freq;
 }
 
-__global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
-  fi_attn::DecodeWork wk;
-  if (!fi_attn::decode_work<GH>(p, wk)) return;  // CUDA-graph mode launches the capacity
+// One work unit (see decode_work): the CTA's KV range of one request and head group, merged into
+// out (or its partial slot).
+__device__ __forceinline__ void attend(const Params& p, const fi_attn::DecodeWork& wk) {
   const int kvh = wk.kvh, qh0 = wk.qh0, req = wk.req, part = wk.part;
   const int page_lo = wk.page_lo, qpos = wk.qpos, lo = wk.lo, hi = wk.hi;
   fi::grid_dependency_wait();  // PDL (DecodeFlag): q, K/V and out only after the previous grid
@@ -196,6 +196,14 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
   }
   __syncthreads();
   fi_attn::store_merged<QT, D, GH, ROWS, NW * 32>(p, sm_o, sm_m, sm_l, req, qh0, part);
+}
+
+__global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
+  fi_attn::DecodeWork wk;
+  fi_attn::Spread sp;
+  if (!fi_attn::decode_work<GH>(p, wk, sp)) return;  // CUDA-graph mode launches the capacity
+  do attend(p, wk);
+  while (sp.sweeper && fi_attn::next_work<GH>(p, wk, sp));
 }
 
 }  // namespace

@@ -23,6 +23,8 @@ struct DecodeArgs {
   double sm_scale, logits_soft_cap, rope_scale, rope_theta;
   int64_t flags;                                     // DecodeFlag bits
   int64_t merge_count;                               // int32 [B * Hq] zeroed counters (kDecodeGridMerge)
+  int64_t sched;                                     // uint64 [3 + 1024]: a CUDA-graph wrapper's spread-mode
+                                                     // queue (decode_work), zeroed; 0 without
 };
 
 // DecodeArgs::flags. The decode grid is launched with programmatic dependent launch (PDL) on

@@ -95,6 +95,9 @@ __device__ __forceinline__ float alibi_slope(int h, int num_heads) {
 #ifndef FI_DECODE_SPREAD
 #define FI_DECODE_SPREAD 1  // see launch_batch_decode
 #endif
+#ifndef FI_DECODE_SPREAD_CLAIMS
+#define FI_DECODE_SPREAD_CLAIMS 1  // 0 (tests): no SM claims in spread mode, the sweeper runs every unit
+#endif
 inline bool grid_merge(const DecodeArgs* a) {
   return FI_GRID_MERGE && (a->flags & kDecodeGridMerge) && a->merge_count != 0;
 }
@@ -111,6 +114,7 @@ struct DecodeParams {
   float* part_o; float* part_lse;
   const int* merge_indptr;  // partial slots per request
   int* merge_count;         // arrivals per (request, head) for the in-grid merge; null: merge kernel
+  unsigned long long* sched;  // spread-mode queue of a CUDA-graph wrapper (see decode_work); null: none
   int hq, group, nsub, page_size, page_shift, window_left;
   float q_mul;       // sm_scale * k_scale * (softcap ? 1/cap : log2 e)
   float cap_mul;     // cap * log2 e
@@ -138,6 +142,7 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   p.part_lse = reinterpret_cast<float*>(a->part_lse);
   p.merge_indptr = reinterpret_cast<const int*>(a->merge_indptr);
   p.merge_count = grid_merge(a) ? reinterpret_cast<int*>(a->merge_count) : nullptr;
+  p.sched = reinterpret_cast<unsigned long long*>(a->sched);
   p.hq = int(a->num_qo_heads);
   p.group = int(a->num_qo_heads / a->num_kv_heads);
   p.nsub = p.group / gh;
@@ -264,24 +269,9 @@ struct DecodeWork {
   int kvh, qh0, req, part, page_lo, qpos, lo, hi;
 };
 
-// Fills `d` for this CTA; false for an idle item (CUDA-graph capacity past num_work). The work item
-// is read before the num_work test (both loads in flight at once, not one after the other): the
-// work buffer holds the whole grid's items, idle ones included.
-// Under PDL (see DecodeFlag) the work item is read before the wait for the previous grid, and so
-// are indptr and last_page_len when plan() wrote them; otherwise this waits before reading them.
-// An idle CTA waits too, so that the grid never completes before its predecessor (a later PDL
-// kernel's wait would then return early).
+// Fills `d` from work item `w` for kv unit `unit` (kv head, head subgroup).
 template <int GH, typename P>
-__device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d) {
-  const int nunits = (p.hq / p.group) * p.nsub;
-  const int item = int(blockIdx.x) / nunits;
-  const int unit = int(blockIdx.x) - item * nunits;
-  const int4 w = reinterpret_cast<const int4*>(p.work)[item];
-  if (item >= *p.num_work) {
-    fi::grid_dependency_wait();
-    return false;
-  }
-  if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
+__device__ __forceinline__ void fill_work(const P& p, DecodeWork& d, int4 w, int unit) {
   d.kvh = unit / p.nsub;
   d.qh0 = d.kvh * p.group + (unit % p.nsub) * GH;
   d.req = w.x;
@@ -293,6 +283,112 @@ __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d) {
   d.lo = w.y;
   if (p.window_left >= 0) d.lo = max(d.lo, d.qpos - p.window_left);
   d.hi = min(w.z, kv_len);
+}
+
+// Spread mode: how a CUDA-graph wrapper's capacity grid runs a plan of at most one CTA per SM.
+// Such a grid is mostly idle CTAs, and where the real ones land is the block scheduler's choice: a
+// per-CTA trace of b1 x 32768 in a graph (decode_graph_trace_session18.json) found 35 SMs running two
+// of its 128 real CTAs and 39 none, since under PDL a step's CTAs fill the slots the previous step
+// left free. In spread mode (plan() sets it, num_work[1] = 1) the units are not tied to blockIdx:
+// the first CTA of a launch on each SM takes the next unit from a queue, the others exit, so one
+// CTA per SM does the work wherever the scheduler put them. The queue (p.sched, zeroed by plan()):
+//   sched[0]      a ticket counter: the first 2 x SM-count CTAs of the grid (the same number every
+//                 launch) take one each, so ticket / that number is the launch number e (a launch's
+//                 CTAs all take theirs before the next launch starts: under PDL it starts once every
+//                 CTA has triggered or exited, and each takes its ticket before either); the rest of
+//                 the grid exits at once (one atomic each on one address slowed the churn of idle
+//                 CTAs: x0.65-0.82 on decode steps of 8-12 us);
+//   sched[1 + e % 2]  launch e's queue, (e << 32) + units taken: the atomicMax turns launch e - 2's
+//                 queue into launch e's at 0 (launch e - 2 completed before launch e started: e - 1's
+//                 CTAs trigger only after their griddepcontrol.wait);
+//   sched[3 + sm] the last launch that claimed the SM.
+// Every unit is taken exactly once whatever the placement: the CTA with a launch's last ticket (all
+// others have theirs) takes units until the queue is empty and runs them one after the other (the
+// sweeper); normally the per-SM CTAs have taken every unit by then.
+constexpr unsigned kSpreadSms = 1024;  // claim slots (SM ids past it never claim: the sweeper covers)
+struct Spread {
+  unsigned long long epoch;  // spread mode: the launch number; 0: blockIdx picks the unit
+  bool sweeper;              // this CTA takes units until none is left
+};
+
+__device__ __forceinline__ int take_unit(unsigned long long* sched, unsigned long long e, int total) {
+  unsigned long long* q = sched + 1 + (e & 1);
+  atomicMax(q, e << 32);  // same thread, same address: ordered before the add
+  const int k = int(atomicAdd(q, 1ull) & 0xffffffffull);
+  return k < total ? k : -1;
+}
+
+// Fills `d` for this CTA; false when it has nothing to do: an idle item (CUDA-graph capacity past
+// num_work) or, in spread mode, a CTA that found its SM claimed. The work item is read before the
+// num_work test (both loads in flight at once, not one after the other): the work buffer holds the
+// whole grid's items, idle ones included.
+// Under PDL (see DecodeFlag) the work item is read before the wait for the previous grid, and so
+// are indptr and last_page_len when plan() wrote them; otherwise this waits before reading them.
+// An idle CTA waits too, so that the grid never completes before its predecessor (a later PDL
+// kernel's wait would then return early); in spread mode every CTA with a unit waits before it
+// reads q and K/V, and some CTA always takes unit 0.
+template <int GH, typename P>
+__device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d, Spread& sp) {
+  const int nunits = (p.hq / p.group) * p.nsub;
+  int item = int(blockIdx.x) / nunits;
+  int unit = int(blockIdx.x) - item * nunits;
+  int4 w = reinterpret_cast<const int4*>(p.work)[item];
+  const int2 nw = *reinterpret_cast<const int2*>(p.num_work);  // num_work, spread mode
+  sp.epoch = 0;
+  sp.sweeper = false;
+  if (nw.y != 0 && p.sched != nullptr) {
+    __shared__ unsigned long long s_epoch;
+    __shared__ int s_unit;
+    unsigned nsm;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    const unsigned takers = min(gridDim.x, 2 * nsm);  // CTAs that take a ticket: the same every launch
+    if (blockIdx.x >= takers) return false;           // no atomic for the idle rest of the grid
+    if (threadIdx.x == 0) {
+      const unsigned long long t = atomicAdd(p.sched, 1ull);
+      const unsigned long long e = t / takers + 1, rank = t % takers;
+      const int total = nw.x * nunits;
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      int u = -1;
+      if (FI_DECODE_SPREAD_CLAIMS && sm < kSpreadSms && atomicMax(p.sched + 3 + sm, e) < e)
+        u = take_unit(p.sched, e, total);
+      const bool sweeper = rank == takers - 1;
+      if (u < 0 && sweeper) u = take_unit(p.sched, e, total);
+      s_unit = u;
+      s_epoch = sweeper ? e : 0;
+    }
+    __syncthreads();
+    const int u = s_unit;
+    sp.epoch = s_epoch;
+    sp.sweeper = sp.epoch != 0;
+    if (u < 0) return false;
+    item = u / nunits;
+    unit = u - item * nunits;
+    w = reinterpret_cast<const int4*>(p.work)[item];
+    if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
+  } else {
+    if (item >= nw.x) {
+      fi::grid_dependency_wait();
+      return false;
+    }
+    if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
+  }
+  fill_work<GH>(p, d, w, unit);
+  return true;
+}
+
+// The sweeper's next unit (spread mode): false when the queue is empty.
+template <int GH, typename P>
+__device__ __forceinline__ bool next_work(const P& p, DecodeWork& d, const Spread& sp) {
+  __shared__ int s_next;
+  const int nunits = (p.hq / p.group) * p.nsub;
+  if (threadIdx.x == 0) s_next = take_unit(p.sched, sp.epoch, *p.num_work * nunits);
+  __syncthreads();  // also: every thread is done with the previous unit's shared memory
+  const int u = s_next;
+  __syncthreads();  // s_next is rewritten by the next call
+  if (u < 0) return false;
+  const int item = u / nunits;
+  fill_work<GH>(p, d, reinterpret_cast<const int4*>(p.work)[item], u - item * nunits);
   return true;
 }
 
@@ -487,7 +583,8 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
     // a per-CTA trace of b1 x 32768 (128 CTAs, FI_DECODE_TRACE) had found 5 SMs with two CTAs and
     // 9 with none, b1 x 16384 54 with two and 58 idle. Plain wrappers in turns
     // (decode_spread_ab_final_session17.json): b1 x 32768 x1.21, b1 x 16384 x1.30, b4 x 8192
-    // x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle CTAs) and is not affected.
+    // x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle CTAs) and is not affected:
+    // its plans of at most one CTA per SM run in spread mode instead (see decode_work).
     // FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
     const int launch_smem = FI_DECODE_SPREAD ? fi::one_cta_per_sm_smem(grid, smem) : smem;
     FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem));

@@ -413,10 +413,9 @@ struct WarpRing {
 #endif
 
 // 3 CTAs (12 warps) per SM keep enough 16-byte loads in flight; the kernel needs <= 168 registers.
-__global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const Params p) {
-  trace(0);
-  fi_attn::DecodeWork wk;
-  if (!fi_attn::decode_work<GH>(p, wk)) return;  // CUDA-graph mode launches the capacity
+// One work unit (see decode_work): the CTA's KV range of one request and head group, merged into
+// out (or its partial slot).
+__device__ __forceinline__ void attend(const Params& p, const fi_attn::DecodeWork& wk) {
   const int kvh = wk.kvh, qh0 = wk.qh0, req = wk.req, part = wk.part;
   const int page_lo = wk.page_lo, qpos = wk.qpos, lo = wk.lo, hi = wk.hi;
 
@@ -604,6 +603,18 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
   __syncthreads();
   fi_attn::store_merged<QT, D, GH, NW, NW * 32>(p, sm_o, sm_m, sm_l, req, qh0, part);
   trace(3);
+}
+
+__global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const Params p) {
+  trace(0);
+  fi_attn::DecodeWork wk;
+  fi_attn::Spread sp;
+  if (!fi_attn::decode_work<GH>(p, wk, sp)) {  // CUDA-graph mode launches the capacity
+    trace(3);
+    return;
+  }
+  do attend(p, wk);
+  while (sp.sweeper && fi_attn::next_work<GH>(p, wk, sp));
 }
 
 }  // namespace

@@ -17,6 +17,9 @@
 // the next tile's first Q K^T issued with the current tile's last P V (x0.85-0.97; sessions 6 and
 // 15), tiles of 32 tokens x the 4 query heads of a KV head (ragged x0.95), tiles walked by groups of
 // requests for L2 reuse (hit rate 65 -> 86 %, same time: the batch cases are not memory-bound).
+// Session 18 (prefill_fa3_ab_session18_*.json): 1/8 to 1/2 of the softmax's exponentials on the FMA
+// pipe (a degree-3 polynomial) x0.87-0.99, 24/240 registers for the ragged kernel x0.994-1.000,
+// the row sums from a 64x8 wgmma of P and a matrix of ones x0.895-0.987.
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
 // (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:

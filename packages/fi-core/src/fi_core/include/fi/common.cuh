@@ -35,10 +35,13 @@ FI_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 // the attribute costs about a microsecond, so launchers call this before every launch and only the
 // first call of each kernel on each device pays. A module holds few kernels, so the record is a short
 // table under a mutex (uncontended: tens of nanoseconds); past its capacity the attribute is simply
-// set again, which is correct, only slower.
+// set again, which is correct, only slower. The limit set is at least 48 KB: the default is 48 KB
+// minus the kernel's static shared memory (a 48 KB ring beside 16 bytes of static variables failed
+// to launch with cudaErrorInvalidValue), and a lower one would fail other launches of the kernel.
 template <typename Kernel>
 inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  if (bytes <= 0) return cudaSuccess;
+  bytes = bytes < 48 * 1024 ? 48 * 1024 : bytes;
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
