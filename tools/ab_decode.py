@@ -105,6 +105,7 @@ def main() -> int:
 
     from fi_core import testing  # noqa: PLC0415
     from fi_attention import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+    from fi_attention.decode import batch as decode_batch  # noqa: PLC0415
     from fi_attention.reference import attention_reference, gather_paged_kv  # noqa: PLC0415
 
     if args.build_only:
@@ -137,8 +138,6 @@ def main() -> int:
             w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
                 torch.empty(128 << 20, dtype=torch.uint8, device=dev), indptr.to(dev), indices.to(dev),
                 last.to(dev), **wrapper_opts)
-            from fi_attention.decode import batch as decode_batch  # noqa: PLC0415
-
             opts = dict(plan_opts)
             decode_batch.GRAPH_SPREAD = opts.pop("_spread", True)
             try:
