@@ -95,6 +95,15 @@ __device__ __forceinline__ float alibi_slope(int h, int num_heads) {
 #ifndef FI_DECODE_SPREAD
 #define FI_DECODE_SPREAD 1  // see launch_batch_decode
 #endif
+// Spread mode (decode_work) exists on sm_90+, where PDL launches place a step's CTAs into the slots
+// the previous step left free. Below, the word plan() writes is ignored and the capacity grid runs
+// its items by blockIdx (the same results): the unit loop would make sm_80's register-tile kernel
+// spill (28 bytes at its 168-register bound).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FI_DECODE_SPREAD_MODE 0
+#else
+#define FI_DECODE_SPREAD_MODE 1
+#endif
 #ifndef FI_DECODE_SPREAD_CLAIMS
 #define FI_DECODE_SPREAD_CLAIMS 1  // 0 (tests): no SM claims in spread mode, the sweeper runs every unit
 #endif
@@ -336,7 +345,7 @@ __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d, Spread& s
   const int2 nw = *reinterpret_cast<const int2*>(p.num_work);  // num_work, spread mode
   sp.epoch = 0;
   sp.sweeper = false;
-  if (nw.y != 0 && p.sched != nullptr) {
+  if (FI_DECODE_SPREAD_MODE && nw.y != 0 && p.sched != nullptr) {
     __shared__ unsigned long long s_epoch;
     __shared__ int s_unit;
     unsigned nsm;
