@@ -388,7 +388,6 @@ def test_cuda_graph_replay_after_replan(backend):
         testing.assert_close(lse, rl, **LSE_TOL)
 
 
-
 @KERNELS
 @pytest.mark.parametrize("claims", [True, False])
 def test_cuda_graph_spread_mode(backend, claims):
@@ -450,6 +449,7 @@ def test_cuda_graph_spread_mode(backend, claims):
     finally:
         decode_spec.MMA_AB = saved
         decode_spec.decode_mma_spec.cache_clear()
+
 
 @KERNELS
 @pytest.mark.parametrize("tables", ["host", "device", "graph_host", "graph_in_buf"])
