@@ -348,16 +348,13 @@ __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d, Spread& s
   if (FI_DECODE_SPREAD_MODE && nw.y != 0 && p.sched != nullptr) {
     __shared__ unsigned long long s_epoch;
     __shared__ int s_unit;
-    unsigned nsm;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-    const unsigned takers = min(gridDim.x, 2 * nsm);  // CTAs that take a ticket: the same every launch
+    const unsigned takers = min(gridDim.x, 2 * fi::sm_id_count());  // CTAs that take a ticket: the same every launch
     if (blockIdx.x >= takers) return false;           // no atomic for the idle rest of the grid
     if (threadIdx.x == 0) {
       const unsigned long long t = atomicAdd(p.sched, 1ull);
       const unsigned long long e = t / takers + 1, rank = t % takers;
       const int total = nw.x * nunits;
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      const unsigned sm = fi::sm_id();
       int u = -1;
       if (FI_DECODE_SPREAD_CLAIMS && sm < kSpreadSms && atomicMax(p.sched + 3 + sm, e) < e)
         u = take_unit(p.sched, e, total);

@@ -192,11 +192,7 @@ __device__ __forceinline__ void trace(int what) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     fi_decode_trace[blockIdx.x][what] = t;
-    if (what == 0) {
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      fi_decode_trace[blockIdx.x][4] = sm;
-    }
+    if (what == 0) fi_decode_trace[blockIdx.x][4] = fi::sm_id();
   }
 }
 #else

@@ -75,6 +75,19 @@ FI_DEVICE void launch_dependents() {
 #endif
 }
 
+// The SM this thread runs on (%smid) and the number of SM ids (%nsmid: ids lie in [0, nsmid), not
+// necessarily all used). Placement-aware scheduling (decode's spread mode) and per-CTA traces.
+FI_DEVICE unsigned sm_id() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+FI_DEVICE unsigned sm_id_count() {
+  unsigned n;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+  return n;
+}
+
 // Whether the current device has programmatic dependent launch (compute capability 9.0+), read
 // from the runtime once per device.
 inline bool pdl_supported() {
