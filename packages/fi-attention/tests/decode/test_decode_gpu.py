@@ -452,6 +452,82 @@ def test_cuda_graph_spread_mode(backend, claims):
 
 
 @KERNELS
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("graph", [False, True])
+def test_piece_plans(backend, kv_dtype, graph):
+    """Plans of balanced pieces (planner.plan_pieces, sm_90+): a ragged batch takes one by the
+    planner's choice, and forced piece plans (planner.PIECE_WAVES) cover short, empty and long
+    requests with a window and the LSE, plain and under a captured graph re-planned between piece
+    and chunk plans; every result against the reference, the arrival counters back at 0."""
+    import numpy as np  # noqa: PLC0415
+    from fi_attention.decode import planner as decode_planner  # noqa: PLC0415
+    if arch_of(torch.device(DEV)).major < 9:
+        pytest.skip("piece chains run on sm_90+ (planner.plan_pieces)")
+    ps, hq, hkv, d, max_pages, B = 16, 32, 8, 128, 40000, 64
+    cache = testing.randn((max_pages, 2, ps, hkv, d), torch.bfloat16, DEV, seed=21).to(kv_dtype)
+    q = testing.randn((B, hq, d), torch.bfloat16, DEV, seed=22)
+    scales = {} if kv_dtype == torch.bfloat16 else dict(k_scale=0.7, v_scale=1.3)
+    bufs = (torch.zeros(B + 1, dtype=torch.int32, device=DEV), torch.zeros(max_pages, dtype=torch.int32, device=DEV),
+            torch.zeros(B, dtype=torch.int32, device=DEV))
+    kw = dict(use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+              paged_kv_last_page_len_buffer=bufs[2]) if graph else {}
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV), backend=backend,
+                                           **kw)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, hq, dtype=torch.float32, device=DEV)
+    ragged = torch.randint(1, 8193, (B,), generator=torch.Generator().manual_seed(2)).tolist()
+    rng = np.random.default_rng(3)
+    short = [int(x) for x in rng.integers(0, 600, B)]  # empty requests among them
+    mixed = [int(x) for x in rng.choice([0, 1, 17, 130, 3000, 20000], B)]
+    cases = [("ragged", ragged, None, {}), ("short", short, 1, {}), ("mixed", mixed, 1, {"window_left": 700}),
+             ("two_waves", ragged, 2, {}), ("uniform", [4096] * B, None, {})]
+    g = None
+    try:
+        for name, lens, waves, opts in cases:
+            tables = _graph_tables(lens, ps, max_pages, seed=len(name))
+            decode_planner.PIECE_WAVES = waves
+            decode_planner.plan_uniform.cache_clear()
+            try:
+                w.plan(*tables, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=kv_dtype, **opts)
+            finally:
+                decode_planner.PIECE_WAVES = None
+                decode_planner.plan_uniform.cache_clear()
+            if waves is None:  # the planner's choice, as plan_decode makes it for this module and GPU
+                (o,) = w._options.values()
+                lens_np = np.array(lens)
+                want = lens_np.min() < lens_np.max() and decode_planner.plan_decode(
+                    lens_np, kv_units=o.kv_units, sm_count=o.kernel[4], ctas_per_sm=o.kernel[3], pieces=True).pieces
+                assert w._plan.pieces == want, (name, w._plan.num_items)
+                if name == "ragged" and backend == "tensor-core" and kv_dtype == torch.bfloat16:
+                    assert want, "the main config's ragged batch should take a piece plan"
+            else:
+                assert w._plan.pieces, (name, w._plan.num_items)
+            if graph and w._plan.pieces:
+                assert w._spread == 0  # piece plans keep the blockIdx launch
+            ro, rl = batch_decode_reference(q, cache, *tables, return_lse=True, **scales,
+                                            window_left=opts.get("window_left", -1))
+            if graph and g is None:
+                w.run(q, cache, out=out, lse=lse, **scales)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    w.run(q, cache, out=out, lse=lse, **scales)
+            for r in range(2):
+                out.fill_(float("nan"))
+                if graph:
+                    g.replay()
+                else:
+                    w.run(q, cache, out=out, lse=lse, **scales)
+                testing.assert_close(out, ro, dtype=torch.bfloat16, msg=f"{name} run {r}: ")
+                testing.assert_close(lse, rl, **LSE_TOL)
+            torch.cuda.synchronize()
+            if w._counters is not None:
+                assert not w._counters.any(), f"{name}: arrival counters left {w._counters.nonzero()}"
+    finally:
+        decode_planner.PIECE_WAVES = None
+
+
+@KERNELS
 @pytest.mark.parametrize("tables", ["host", "device", "graph_host", "graph_in_buf"])
 def test_pdl_chain_reads_the_previous_steps_output(backend, tables):
     """A chain of decode steps, each taking the previous step's output as its q. On sm_90 a decode
@@ -616,8 +692,10 @@ def test_module_planner_makes_the_python_planners_plans(backend):
         indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
         last = np.where(pages > 0, lens - (pages - 1) * 16, 0).astype(np.int32)
         got = planner(indptr, last)
-        want = plan_decode(kv_lengths(indptr, last, 16), kv_units=8, sm_count=sm, ctas_per_sm=ctas)
-        assert (got.chunk, got.num_items, got.num_slots) == (want.chunk, want.num_items, want.num_slots)
+        want = plan_decode(kv_lengths(indptr, last, 16), kv_units=8, sm_count=sm, ctas_per_sm=ctas,
+                           pieces=o.kernel[5])
+        assert (got.chunk, got.num_items, got.num_slots, got.pieces) == \
+            (want.chunk, want.num_items, want.num_slots, want.pieces)
         assert np.array_equal(got.packed, want.packed)
 
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from fi_attention.decode.planner import (MIN_CHUNK_TOKENS, kv_lengths, max_items, plan_decode)
+from fi_attention.decode.planner import (CHUNK_ALIGN, MIN_CHUNK_TOKENS, MIN_PIECE_TOKENS, PIECE_CONT, PIECE_NEXT,
+                                         kv_lengths, max_items, plan_decode, plan_pieces)
 
 SM, CTAS = 132, 4
 
@@ -251,6 +252,89 @@ def test_split_never_loses_to_no_split_under_greedy_dispatch(seed):
     assert _simulate(plan, units, 396) <= 1.01 * _simulate(flat, units, 396)
 
 
+# ---- piece plans (plan_pieces) -------------------------------------------------------------
+
+def _check_pieces(plan, lens, shares):
+    """A piece plan covers every token once, in request order; its chains are runs of items
+    joined by PIECE_NEXT / PIECE_CONT, at most ``shares`` of them, each cut inside a request is
+    CHUNK_ALIGN-aligned and leaves at least MIN_PIECE_TOKENS on both sides, and a request cut into
+    pieces has a slot per piece."""
+    assert plan.pieces and plan.chunk == 0
+    work = plan.work.astype(np.int64)
+    flags = work[:, 0] & (PIECE_NEXT | PIECE_CONT)
+    req = work[:, 0] & (PIECE_CONT - 1)
+    assert np.all(np.diff(req) >= 0), "items in request order"
+    nxt, cont = (flags & PIECE_NEXT) != 0, (flags & PIECE_CONT) != 0
+    assert not cont[0] and not nxt[-1]
+    assert np.array_equal(nxt[:-1], cont[1:]), "PIECE_NEXT on an item exactly when its successor has PIECE_CONT"
+    assert int((~cont).sum()) <= shares
+    for b, n in enumerate(lens):
+        items = work[req == b]
+        assert len(items) >= 1 and items[0, 1] == 0 and items[-1, 2] == n
+        assert np.all(items[1:, 1] == items[:-1, 2])
+        lo, hi = plan.merge_indptr[b], plan.merge_indptr[b + 1]
+        if len(items) == 1:
+            assert items[0, 3] == -1 and hi == lo
+        else:
+            assert list(items[:, 3]) == list(range(lo, hi))
+            cuts = items[1:, 1]
+            assert np.all(cuts % CHUNK_ALIGN == 0) and np.all(cuts >= MIN_PIECE_TOKENS)
+            assert np.all(n - cuts >= MIN_PIECE_TOKENS)
+    assert plan.merge_indptr[-1] == plan.num_slots
+    assert plan.split == (plan.num_items > len(lens))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_piece_plans_cover_every_token_once_in_balanced_chains(seed):
+    rng = np.random.default_rng(400 + seed)
+    batch = int(rng.integers(1, 300))
+    lens = rng.integers(0 if seed % 4 == 0 else 1, int(rng.choice([200, 5000, 40000])), size=batch)
+    units, ctas = int(rng.choice([1, 8, 32])), int(rng.integers(1, 4))
+    shares = max(1, 132 * ctas // units)
+    plan, load = plan_pieces(lens, units, 132, ctas)
+    _check_pieces(plan, lens, shares)
+    # every chain holds about total / shares tokens: at most one share plus the tokens a cut moved
+    # to a request boundary or an alignment step, plus the restart costs
+    work = plan.work.astype(np.int64)
+    starts = np.flatnonzero((work[:, 0] & PIECE_CONT) == 0)
+    tokens = np.add.reduceat(work[:, 2] - work[:, 1], starts)
+    share = -(-int(lens.sum()) // shares)
+    assert tokens.max() <= share + 2 * (MIN_PIECE_TOKENS + CHUNK_ALIGN)
+    assert load >= tokens.max()
+
+
+def test_piece_plans_are_chosen_for_unequal_requests_only_where_they_pay():
+    # ragged batches of the H200 A/B (tools/ab_decode.py r64k4) take pieces; equal requests, a
+    # batch whose chunk plan has one CTA per SM, a fixed split and a kernel without chains do not
+    rng = np.random.default_rng(2)
+    ragged = rng.integers(1, 8193, size=64)
+    plan = plan_decode(ragged, kv_units=8, sm_count=132, ctas_per_sm=2, pieces=True)
+    _check_pieces(plan, ragged, 33)
+    assert not plan_decode(ragged, kv_units=8, sm_count=132, ctas_per_sm=2).pieces
+    assert not plan_decode(ragged, kv_units=8, sm_count=132, ctas_per_sm=2, pieces=True,
+                           fixed_split_size=1024).pieces
+    assert not plan_decode(ragged, kv_units=8, sm_count=132, ctas_per_sm=2, pieces=True,
+                           disable_split_kv=True).pieces
+    for lens in (np.full(64, 4096), np.full(16, 8192), np.array([4096] * 15 + [4095])):
+        assert not plan_decode(lens, kv_units=8, sm_count=132, ctas_per_sm=2, pieces=True).pieces
+    # capacity too small for the pieces: the chunk plan
+    cap = plan.num_items - 1
+    assert not plan_decode(ragged, kv_units=8, sm_count=132, ctas_per_sm=2, pieces=True, capacity=cap).pieces
+
+
+def test_piece_plan_of_short_and_empty_requests():
+    plan, _ = plan_pieces([100, 5000, 0, 7000, 300, 20000], 8, 132, 2)
+    _check_pieces(plan, [100, 5000, 0, 7000, 300, 20000], 33)
+    w = plan.work
+    # 33 shares of 982 tokens: request 0 (100 tokens) starts the first chain, which goes on into
+    # request 1; the empty request 2 sits inside the chain that ends request 1 and starts request 3
+    assert w[0].tolist() == [0 | PIECE_NEXT, 0, 100, -1] and w[1, 0] == 1 | PIECE_CONT
+    empty = w[(w[:, 0] & (PIECE_CONT - 1)) == 2]
+    assert empty.tolist() == [[2 | PIECE_NEXT | PIECE_CONT, 0, 0, -1]]
+    plan, load = plan_pieces([0, 0, 0], 8, 132, 2)
+    assert plan.num_items == 3 and plan.num_slots == 0 and load == 2 * 200
+
+
 # ---- the native planner (decode_planner.h) ---------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -285,6 +369,7 @@ def test_native_planner_makes_the_python_planners_plans(native, seed):
     # count), every option, GPUs of 1 to 132 SMs, and capacities that the plan exceeds
     from fi_attention.decode.planner import NativePlanner  # noqa: PLC0415
     rng = np.random.default_rng(1000 + seed)
+    n_pieces = 0
     for it in range(500):
         batch = int(rng.integers(1, 600)) if it % 3 else int(rng.integers(1, 20))
         lens = rng.integers(0 if it % 5 == 0 else 1, int(rng.choice([300, 3000, 20000, 70000, 200000])), size=batch)
@@ -296,17 +381,21 @@ def test_native_planner_makes_the_python_planners_plans(native, seed):
         kw = {"disable_split_kv": True} if r < 0.1 else {"fixed_split_size": int(rng.integers(1, 5000))} if r < 0.2 else {}
         if rng.random() < 0.2:
             kw["capacity"] = int(rng.integers(1, 3 * batch + 10))
-        want, want_err = _plan_or_error(plan_decode, lens, kv_units=units, sm_count=sm, ctas_per_sm=ctas, **kw)
-        planner = NativePlanner(native, units, sm, ctas, page_size)
+        pieces = it % 2 == 1  # a kernel that runs piece chains (sm_90+)
+        want, want_err = _plan_or_error(plan_decode, lens, kv_units=units, sm_count=sm, ctas_per_sm=ctas,
+                                        pieces=pieces, **kw)
+        planner = NativePlanner(native, units, sm, ctas, page_size, pieces=pieces)
         got, got_err = _plan_or_error(planner, *_tables(rng, lens, page_size), **kw)
-        case = (it, batch, units, sm, ctas, page_size, kw)
+        case = (it, batch, units, sm, ctas, page_size, kw, pieces)
         assert got_err == want_err, case
         if want is None:
             continue
-        assert (got.chunk, got.num_items, got.num_slots, got.split, got.longest) == \
-            (want.chunk, want.num_items, want.num_slots, want.split, want.longest), case
+        n_pieces += want.pieces
+        assert (got.chunk, got.num_items, got.num_slots, got.split, got.longest, got.pieces) == \
+            (want.chunk, want.num_items, want.num_slots, want.split, want.longest, want.pieces), case
         assert np.array_equal(got.packed, want.packed), case
         assert np.array_equal(got.work, want.work) and np.array_equal(got.merge_indptr, want.merge_indptr), case
+    assert n_pieces > 20  # the piece plans were compared too
 
 
 def test_native_planner_grows_its_buffer_for_a_fixed_chunk_and_reads_strided_tables(native):
@@ -353,7 +442,8 @@ def test_staged_native_planner_writes_the_plan_and_the_tables(seed):
         if it % 4 == 0:
             lens[:] = lens[0]
         units, sm, ctas, ps = int(rng.choice([1, 8, 32])), int(rng.choice([132, 16])), int(rng.integers(1, 4)), 16
-        planner = NativePlanner(fns["fi_plan_decode"], units, sm, ctas, ps, fns["fi_plan_decode_staged"])
+        pieces = it % 2 == 1
+        planner = NativePlanner(fns["fi_plan_decode"], units, sm, ctas, ps, fns["fi_plan_decode_staged"], pieces)
         indptr, last = _tables(rng, lens, ps)
         nnz = int(indptr[-1])
         ids = rng.permutation(nnz + 7).astype(np.int32)
@@ -361,7 +451,7 @@ def test_staged_native_planner_writes_the_plan_and_the_tables(seed):
         capacity = int(rng.integers(batch, 3 * batch + 50)) if it % 3 == 0 else None
         kw = {"disable_split_kv": True} if it % 11 == 0 else {}
         want, want_err = _plan_or_error(plan_decode, lens, kv_units=units, sm_count=sm, ctas_per_sm=ctas,
-                                        capacity=capacity, **kw)
+                                        capacity=capacity, pieces=pieces, **kw)
         args = (indptr.ctypes.data, last.ctypes.data, batch, len(ids), ids.ctypes.data if host_ids else 0,
                 kw.get("disable_split_kv", False), None, capacity)
         out = np.full(1, -7, dtype=np.int32)  # too small: the call answers the size it needs
@@ -375,6 +465,7 @@ def test_staged_native_planner_writes_the_plan_and_the_tables(seed):
         plan, off, got_nnz = planner.plan_staged(*args, out, out.ctypes.data)
         case = (it, batch, units, sm, ctas, capacity, host_ids)
         assert got_nnz == nnz and plan.num_items == want.num_items and plan.chunk == want.chunk, case
+        assert plan.pieces == want.pieces, case
         assert np.array_equal(plan.work, want.work) and np.array_equal(plan.merge_indptr, want.merge_indptr), case
         head = 4 * (want.num_items if capacity is None else capacity)
         assert out[head] == want.num_items and off == head + 5 + batch, case

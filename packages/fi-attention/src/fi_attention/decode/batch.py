@@ -60,7 +60,7 @@ def _spread_word(o, plan) -> int:
     """The word after num_work of a CUDA-graph plan: 1 runs it in spread mode (decode_work in
     decode_common.cuh: a plan of at most one CTA per SM runs on the first CTA of each SM, wherever
     the block scheduler puts the capacity grid's CTAs)."""
-    return 1 if GRAPH_SPREAD and 0 < plan.num_items * o.kv_units <= o.kernel[4] else 0
+    return 1 if GRAPH_SPREAD and not plan.pieces and 0 < plan.num_items * o.kv_units <= o.kernel[4] else 0
 
 
 def _ctas_per_sm(mod) -> int:
@@ -347,7 +347,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._set_plan_state(o, batch, indices)
         self._h_indptr = self._h_last = None
         self._h_src = (indptr, last_page_len)
-        self._kernel_name, self._mod, launch, _, _ = o.kernel
+        self._kernel_name, self._mod, launch = o.kernel[:3]
         cap, slots = (capacity, capacity) if graph else (plan.num_items, plan.num_slots)
         self._check_workspace(o, slots)
         if graph:
@@ -411,24 +411,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return ok
 
     def _decode_module(self, o: _Options) -> tuple:
-        """(kernel name, module, launcher, CTAs per SM, SMs): spec hashing, the module load and the
-        occupancy query, once per signature."""
+        """(kernel name, module, launcher, CTAs per SM, SMs, whether it runs piece chains (sm_90+:
+        see planner.plan_pieces)): spec hashing, the module load and the occupancy query, once per
+        signature."""
         dev = self._device
         # the tuning values of spec.py (bench A/B options) are part of the module's identity
         key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
                _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD, tuple(sorted(_spec.MMA_AB.items())))
         mk = _MODULE_CACHE.get(key)
         if mk is None:
-            args = (o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch_of(dev), self._kernel)
+            arch = arch_of(dev)
+            args = (o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch, self._kernel)
             spec = select_spec(*args)
             mod = load(spec)
             sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
-            mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm)
+            mk = _MODULE_CACHE[key] = (spec.name, mod, mod.fn("fi_batch_decode").raw, _ctas_per_sm(mod), sm,
+                                       arch.major >= 9)
         return mk
 
     def _plan_cuda(self, o: _Options, indptr, indices, last_page_len, lens, fixed_split_size,
                    disable_split_kv, non_blocking):
-        self._kernel_name, self._mod, launch, ctas, sm = o.kernel
+        self._kernel_name, self._mod, launch, ctas, sm, pieces = o.kernel
         graph = self._use_cuda_graph
         B = self._batch
         if graph and self._capacity is None:
@@ -441,7 +444,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         planner = o.planner
         if planner is None:  # the next plans with these options take _plan_staged where they can
             planner = o.planner = NativePlanner(self._mod.fn("fi_plan_decode").raw, o.kv_units, sm, ctas, o.ps,
-                                                self._mod.fn("fi_plan_decode_staged").raw)
+                                                self._mod.fn("fi_plan_decode_staged").raw, pieces)
         if type(lens) is int:  # positional arguments: they are the plan cache's key
             plan = plan_uniform(B, lens, o.kv_units, sm, ctas, disable_split_kv, fixed, capacity)
         else:

@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
   fi_attn::Spread sp;
   if (!fi_attn::decode_work<GH>(p, wk, sp)) return;  // CUDA-graph mode launches the capacity
   do attend(p, wk);
-  while (FI_DECODE_SPREAD_MODE && sp.sweeper && fi_attn::next_work<GH>(p, wk, sp));
+  while (FI_DECODE_SPREAD_MODE &&
+         (fi_attn::next_piece<GH>(p, wk) || (sp.sweeper && fi_attn::next_work<GH>(p, wk, sp))));
 }
 
 }  // namespace

@@ -276,14 +276,28 @@ __device__ __forceinline__ void store_merged(const P& p, const float (&sm_o)[ROW
 // real work. [lo, hi) is the CTA's token range after the sliding window; qpos the query position.
 struct DecodeWork {
   int kvh, qh0, req, part, page_lo, qpos, lo, hi;
+  int item, unit;  // the work item and kv unit (a chain of pieces continues at item + 1)
+  bool next;       // the item has kPieceNext
 };
 
-// Fills `d` from work item `w` for kv unit `unit` (kv head, head subgroup).
+// Piece chains (plans of balanced pieces, planner.py's plan_pieces; sm_90+, see
+// FI_DECODE_SPREAD_MODE): such a plan cuts the batch's tokens into equal shares, one per CTA of a
+// wave, at request boundaries or inside requests, so one share can hold the end of one request and
+// the start of the next (pieces). The work item's request word carries two flags: kPieceNext, the
+// CTA that ran this item runs the next one after it (same kv unit); kPieceCont, this item is run by
+// the previous item's CTA, and its own CTA exits at once. Each piece is an ordinary item: a request
+// cut into several has a slot per piece and is merged as any split request.
+constexpr int kPieceNext = 1 << 30, kPieceCont = 1 << 29, kPieceReq = kPieceCont - 1;
+
+// Fills `d` from work item `w` (index `item`) for kv unit `unit` (kv head, head subgroup).
 template <int GH, typename P>
-__device__ __forceinline__ void fill_work(const P& p, DecodeWork& d, int4 w, int unit) {
+__device__ __forceinline__ void fill_work(const P& p, DecodeWork& d, int4 w, int item, int unit) {
+  d.item = item;
+  d.unit = unit;
+  d.next = FI_DECODE_SPREAD_MODE && (w.x & kPieceNext);
   d.kvh = unit / p.nsub;
   d.qh0 = d.kvh * p.group + (unit % p.nsub) * GH;
-  d.req = w.x;
+  d.req = FI_DECODE_SPREAD_MODE ? w.x & kPieceReq : w.x;
   d.part = w.w;
   d.page_lo = p.indptr[d.req];
   const int npages = p.indptr[d.req + 1] - d.page_lo;
@@ -373,13 +387,13 @@ __device__ __forceinline__ bool decode_work(const P& p, DecodeWork& d, Spread& s
     w = reinterpret_cast<const int4*>(p.work)[item];
     if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
   } else {
-    if (item >= nw.x) {
+    if (item >= nw.x || (FI_DECODE_SPREAD_MODE && (w.x & kPieceCont))) {  // idle, or a chain's later piece
       fi::grid_dependency_wait();
       return false;
     }
     if (!(p.early & kDecodeTablesEarly)) fi::grid_dependency_wait();
   }
-  fill_work<GH>(p, d, w, unit);
+  fill_work<GH>(p, d, w, item, unit);
   return true;
 }
 
@@ -394,7 +408,17 @@ __device__ __forceinline__ bool next_work(const P& p, DecodeWork& d, const Sprea
   __syncthreads();  // s_next is rewritten by the next call
   if (u < 0) return false;
   const int item = u / nunits;
-  fill_work<GH>(p, d, reinterpret_cast<const int4*>(p.work)[item], u - item * nunits);
+  fill_work<GH>(p, d, reinterpret_cast<const int4*>(p.work)[item], item, u - item * nunits);
+  return true;
+}
+
+// The next piece of this CTA's chain (see kPieceNext): false at the chain's end.
+template <int GH, typename P>
+__device__ __forceinline__ bool next_piece(const P& p, DecodeWork& d) {
+  if (!d.next) return false;
+  __syncthreads();  // every thread is done with the previous piece's shared memory
+  const int item = d.item + 1;
+  fill_work<GH>(p, d, reinterpret_cast<const int4*>(p.work)[item], item, d.unit);
   return true;
 }
 

@@ -610,7 +610,8 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
     return;
   }
   do attend(p, wk);
-  while (FI_DECODE_SPREAD_MODE && sp.sweeper && fi_attn::next_work<GH>(p, wk, sp));
+  while (FI_DECODE_SPREAD_MODE &&
+         (fi_attn::next_piece<GH>(p, wk) || (sp.sweeper && fi_attn::next_work<GH>(p, wk, sp))));
 }
 
 }  // namespace

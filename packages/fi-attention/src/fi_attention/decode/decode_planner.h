@@ -23,11 +23,13 @@
 
 // Mirrored by fi_attention.decode.planner.PlanConfig (ctypes); every field is 8 bytes wide. The
 // model's constants, then what is fixed for a wrapper's kernel: CTAs per work item, the GPU's SMs
-// and resident CTAs per SM, the items the search may add over one per request, the page size.
+// and resident CTAs per SM, the items the search may add over one per request, the page size; then
+// the piece plans' constants (planner.plan_pieces) and whether the kernel runs piece chains.
 struct DecodePlanConfig {
   double one_cta_rate, multi_cta_rate, cta_cost, merge_cost, wave_tail, wave_cta_cost, wave_merge_cost;
   int64_t min_chunk, chunk_align, max_waves, max_pieces;
   int64_t kv_units, sm_count, ctas_per_sm, limit_extra, page_size;
+  int64_t min_piece, piece_cost, piece_gain_pct, pieces;
 };
 
 // info[] written by fi_plan_decode.
@@ -36,6 +38,7 @@ enum { FI_PLAN_CHUNK = 0, FI_PLAN_ITEMS = 1, FI_PLAN_SLOTS = 2, FI_PLAN_LONGEST 
 namespace fi_decode_plan {
 
 constexpr int kMaxCandidates = 64;      // per candidate list (planner.plan_config checks the sizes)
+constexpr int64_t kMaxPieceGroups = 1024;  // planner.MAX_PIECE_GROUPS
 constexpr int64_t kHistBuckets = 4096;  // the histogram count serves requests up to 4096 * align tokens
 
 // Token counts of a checked page table (tables.request_lengths has validated it).
@@ -168,12 +171,111 @@ inline int64_t choose_chunk(const DecodePlanConfig& m, const Lengths& lens, int6
   return best;
 }
 
+// planner._wave_items: work items (of kv_units CTAs) in one wave.
+inline int64_t wave_items(const DecodePlanConfig& m) {
+  const int64_t w = m.sm_count * m.ctas_per_sm / (m.kv_units > 1 ? m.kv_units : 1);
+  return w > 1 ? w : 1;
+}
+
+// planner._chunk_load: the chunk plan's items in order, each onto the least loaded of ``groups``
+// groups (a binary min-heap: heapq.heapreplace's pop and push), in tokens; the largest load.
+inline int64_t chunk_load(const Lengths& lens, int64_t batch, int64_t chunk, int64_t groups) {
+  int64_t heap[kMaxPieceGroups];
+  for (int64_t i = 0; i < groups; ++i) heap[i] = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = lens[b];
+    const int64_t k = chunk && n > 0 ? (n - 1) / chunk + 1 : 1;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t t = chunk ? (n - j * chunk < chunk ? n - j * chunk : chunk) : n;
+      const int64_t v = heap[0] + t;  // the root grows: sift it down
+      int64_t i = 0;
+      for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= groups) break;
+        if (c + 1 < groups && heap[c + 1] < heap[c]) ++c;
+        if (heap[c] >= v) break;
+        heap[i] = heap[c];
+        i = c;
+      }
+      heap[i] = v;
+    }
+  }
+  int64_t mx = 0;
+  for (int64_t i = 0; i < groups; ++i) mx = heap[i] > mx ? heap[i] : mx;
+  return mx;
+}
+
+// What build_pieces makes (planner.plan_pieces): items, partial slots, the longest chain's load.
+struct PieceStats {
+  int64_t items, slots, load;
+};
+
+constexpr int32_t kPieceNext = 1 << 30, kPieceCont = 1 << 29;  // decode_common.cuh's chain flags
+
+// planner.plan_pieces over ``shares`` shares, in one pass: share g starts at token
+// g * total / shares; its cut goes into the request it falls in (cuts come in request order).
+// Writes work [items, 4] and merge_indptr [batch + 1] when ``work`` is not null.
+inline PieceStats build_pieces(const DecodePlanConfig& m, const Lengths& lens, int64_t batch, int64_t total,
+                               int64_t shares, int32_t* work, int32_t* merge) {
+  const int64_t align = m.chunk_align;
+  PieceStats st{0, 0, 0};
+  int64_t g = 1, start = 0, chain = 0;
+  bool boundary = true;  // a share starts with this request
+  if (merge) merge[0] = 0;
+  auto emit = [&](int64_t r, int64_t lo, int64_t hi, int64_t slot, bool new_chain) {
+    int32_t flags = 0;
+    if (new_chain) {
+      if (chain > st.load) st.load = chain;
+      chain = 0;
+    } else {
+      if (work) work[(st.items - 1) * 4] |= kPieceNext;
+      flags = kPieceCont;
+      chain += m.piece_cost;
+    }
+    chain += hi - lo;
+    if (work) {
+      int32_t* w = work + st.items * 4;
+      w[0] = (int32_t)r | flags;
+      w[1] = (int32_t)lo;
+      w[2] = (int32_t)hi;
+      w[3] = (int32_t)slot;
+    }
+    ++st.items;
+  };
+  for (int64_t r = 0; r < batch; ++r) {
+    const int64_t n = lens[r], end = start + n;
+    bool next_boundary = false;
+    int64_t lo = 0, j = 0;
+    for (; g < shares; ++g) {  // the cuts inside this request
+      const int64_t c = g * total / shares;
+      if (c >= end) break;
+      const int64_t local = (c - start) / align * align;
+      if (local < m.min_piece) {
+        boundary = true;  // only before the request's first cut: local does not decrease
+      } else if (n - local < m.min_piece) {
+        next_boundary = true;
+      } else if (local != lo) {
+        emit(r, lo, local, st.slots + j, j > 0 || boundary);
+        lo = local;
+        ++j;
+      }
+    }
+    emit(r, lo, n, j > 0 ? st.slots + j : -1, j > 0 || boundary);
+    if (j > 0) st.slots += j + 1;
+    if (merge) merge[r + 1] = (int32_t)st.slots;
+    boundary = next_boundary;
+    start = end;
+  }
+  if (chain > st.load) st.load = chain;
+  return st;
+}
+
 }  // namespace fi_decode_plan
 
 // Plans a batch of ``batch`` >= 1 requests given by their checked page table (int32 ``indptr``
 // [batch + 1] and ``last_page_len`` [batch]) into ``out`` (int32, planner.DecodePlan.packed:
 // work [n, 4] | n, 0, 0, 0 | merge_indptr [batch + 1]) and ``info`` (int64 [4]: chunk (0 = no
-// split), items, slots, the longest request's tokens). ``fixed_chunk`` > 0 takes that chunk,
+// split, -1 = a piece plan), items, slots, the longest request's tokens). ``fixed_chunk`` > 0 takes that chunk,
 // ``disable_split`` none, else the search; ``capacity`` < 0 means no item limit beyond the
 // search's own.
 // Returns 0; 1 when the plan needs more than ``capacity`` items; 2 when ``out`` is null or its
@@ -187,20 +289,23 @@ FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indp
     return 3;
   const DecodePlanConfig& m = *config;
   const fi_decode_plan::Lengths lens{indptr, last_page_len, m.page_size};
-  int64_t longest = 0, total = 0;
+  int64_t longest = 0, total = 0, shortest = lens[0];
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = lens[b];
     if (len < 0) return 3;
     if (len > longest) longest = len;
+    if (len < shortest) shortest = len;
     total += len;
   }
   int64_t chunk = 0;
+  bool searched = false;
   if (fixed_chunk > 0 && !disable_split) {
     chunk = fixed_chunk;
   } else if (!disable_split && longest > m.min_chunk) {
     int64_t limit = batch + m.limit_extra;
     if (capacity >= 0 && capacity < limit) limit = capacity;
     chunk = fi_decode_plan::choose_chunk(m, lens, batch, longest, total, limit);
+    searched = true;
   }
   if (chunk >= longest) chunk = 0;
   int64_t n_items = batch;
@@ -209,6 +314,25 @@ FI_EXPORT int fi_plan_decode(const DecodePlanConfig* config, const int32_t* indp
       const int64_t len = lens[b];
       n_items += len > 0 ? (len - 1) / chunk : 0;
     }
+  // planner._pieces_instead: a piece plan for unequal requests where the model puts it ahead
+  const int64_t groups = fi_decode_plan::wave_items(m);
+  if (searched && m.pieces && shortest != longest && n_items * m.kv_units > m.sm_count &&
+      groups <= fi_decode_plan::kMaxPieceGroups) {
+    const fi_decode_plan::PieceStats st =
+        fi_decode_plan::build_pieces(m, lens, batch, total, groups, nullptr, nullptr);
+    if (100 * fi_decode_plan::chunk_load(lens, batch, chunk, groups) > m.piece_gain_pct * st.load &&
+        (capacity < 0 || st.items <= capacity)) {
+      info[FI_PLAN_CHUNK] = -1;  // pieces
+      info[FI_PLAN_ITEMS] = st.items;
+      info[FI_PLAN_SLOTS] = st.slots;
+      info[FI_PLAN_LONGEST] = longest;
+      if (!out || out_len < st.items * 4 + 4 + batch + 1) return 2;
+      fi_decode_plan::build_pieces(m, lens, batch, total, groups, out, out + st.items * 4 + 4);
+      out[st.items * 4] = (int32_t)st.items;
+      out[st.items * 4 + 1] = out[st.items * 4 + 2] = out[st.items * 4 + 3] = 0;
+      return 0;
+    }
+  }
   info[FI_PLAN_CHUNK] = chunk;
   info[FI_PLAN_ITEMS] = n_items;
   info[FI_PLAN_SLOTS] = 0;

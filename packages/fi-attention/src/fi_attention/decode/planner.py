@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import heapq
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -85,6 +86,27 @@ MERGE_COST_TOKENS = 135
 WAVE_TAIL = 0.3
 WAVE_CTA_COST_TOKENS = 160
 WAVE_MERGE_COST_TOKENS = 64
+# Balanced pieces (plan_pieces): a cut that would leave a piece shorter than this many tokens moves to
+# the request boundary.
+MIN_PIECE_TOKENS = 128
+# The automatic planner takes a piece plan for a batch of unequal requests whose chunk plan (the
+# search's choice) has more CTAs than SMs, when the chunk plan's modelled makespan (_chunk_load) is
+# over PIECE_GAIN_PCT % of the piece plan's, where a chain's pieces after its first cost
+# PIECE_COST_TOKENS each (a restart: prologue, pipeline fill, partial-state store). Fitted to
+# tools/ab_decode.py on the H200 (decode_ab_pieces_session19.json: 13 batches, a piece plan against
+# the planner's choice in turns): ragged batches (lengths uniform in 1 .. 2 x mean) x1.007-1.045,
+# where this model puts the chunk plan's makespan 5-18 % over the pieces'; equal-length batches
+# x0.95-0.996 at 0.93-1.006 (b128 x 8192: 1.006, x0.996 measured), and b16 x 4096 (128 CTAs, one
+# per SM) x0.951.
+PIECE_COST_TOKENS = 200
+PIECE_GAIN_PCT = 104
+MAX_PIECE_GROUPS = 1024  # decode_planner.h's heap and share counts are bounded by it
+# Work-item flags of a piece plan (decode_common.cuh's kPieceNext / kPieceCont): the item's CTA runs
+# the next item too / the item is run by the previous item's CTA.
+PIECE_NEXT, PIECE_CONT = 1 << 30, 1 << 29
+# A/B timing and tests only: plan every batch in pieces over this many waves; 0: never in pieces;
+# None: the automatic choice. Set, it routes the native planner's calls to this module.
+PIECE_WAVES: Optional[int] = None
 # Most waves the automatic split goes to; bounds the work items (CUDA-graph capacity).
 MAX_WAVES = 12
 # Candidate chunk counts of the longest request (its chunks decide the critical path).
@@ -105,6 +127,7 @@ class DecodePlan(NamedTuple):
     # metadata layout when the grid has exactly n_items items: the wrapper stages it in one copy.
     packed: np.ndarray
     longest: int = 0          # tokens of the longest request
+    pieces: bool = False      # balanced pieces (plan_pieces): items chained by flags in the request word
 
 
 def kv_lengths(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
@@ -175,22 +198,24 @@ class PlanConfig(ctypes.Structure):
     _fields_ = [(n, ctypes.c_double) for n in ("one_cta_rate", "multi_cta_rate", "cta_cost", "merge_cost",
                                                "wave_tail", "wave_cta_cost", "wave_merge_cost")] + \
                [(n, ctypes.c_int64) for n in ("min_chunk", "chunk_align", "max_waves", "max_pieces", "kv_units",
-                                              "sm_count", "ctas_per_sm", "limit_extra", "page_size")]
+                                              "sm_count", "ctas_per_sm", "limit_extra", "page_size", "min_piece",
+                                              "piece_cost", "piece_gain_pct", "pieces")]
 
 
 # decode_planner.h's candidate lists hold 64 entries each.
 _NATIVE_CANDIDATES = 64
 
 
-def plan_config(kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int) -> Optional[PlanConfig]:
+def plan_config(kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int,
+                pieces: bool = False) -> Optional[PlanConfig]:
     """This module's constants and a kernel's values for the native planner; None where it cannot
-    follow them (a list of candidates longer than it holds)."""
-    if MAX_PIECES > _NATIVE_CANDIDATES or MAX_WAVES + 2 > _NATIVE_CANDIDATES:
+    follow them (a list of candidates longer than it holds, a cut of 0 tokens)."""
+    if MAX_PIECES > _NATIVE_CANDIDATES or MAX_WAVES + 2 > _NATIVE_CANDIDATES or MIN_PIECE_TOKENS < 1:
         return None
     return PlanConfig(ONE_CTA_RATE, MULTI_CTA_RATE, CTA_COST_TOKENS, MERGE_COST_TOKENS, WAVE_TAIL,
                       WAVE_CTA_COST_TOKENS, WAVE_MERGE_COST_TOKENS, MIN_CHUNK_TOKENS, CHUNK_ALIGN, MAX_WAVES,
                       MAX_PIECES, kv_units, sm_count, ctas_per_sm, max_items(0, kv_units, sm_count, ctas_per_sm),
-                      page_size)
+                      page_size, MIN_PIECE_TOKENS, PIECE_COST_TOKENS, PIECE_GAIN_PCT, int(pieces))
 
 
 def _address(a: np.ndarray) -> int:
@@ -219,10 +244,14 @@ class NativePlanner:
     staged_fn : ctypes function, optional
         The module's raw ``fi_plan_decode_staged`` (:meth:`plan_staged`; ``staged`` is None
         without it or without ``fn``).
+    pieces : bool
+        The kernel runs piece chains (plan_decode's ``pieces``).
     """
 
-    def __init__(self, fn, kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int, staged_fn=None):
-        self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size)
+    def __init__(self, fn, kv_units: int, sm_count: int, ctas_per_sm: int, page_size: int, staged_fn=None,
+                 pieces: bool = False):
+        self._config = plan_config(kv_units, sm_count, ctas_per_sm, page_size, pieces)
+        self._pieces = pieces
         self._fn = fn if self._config is not None else None
         self.staged = staged_fn if self._fn is not None else None
         self._config_addr = ctypes.addressof(self._config) if self._config is not None else 0
@@ -241,7 +270,7 @@ class NativePlanner:
             units, sm, ctas, ps = self._args
             return plan_decode(kv_lengths(indptr, last_page_len, ps), kv_units=units, sm_count=sm,
                                ctas_per_sm=ctas, disable_split_kv=disable_split_kv,
-                               fixed_split_size=fixed_split_size, capacity=capacity)
+                               fixed_split_size=fixed_split_size, capacity=capacity, pieces=self._pieces)
         if not (indptr.flags.c_contiguous and last_page_len.flags.c_contiguous):
             indptr, last_page_len = np.ascontiguousarray(indptr), np.ascontiguousarray(last_page_len)
         return self.plan_at(_address(indptr), _address(last_page_len), last_page_len.shape[0], disable_split_kv,
@@ -258,6 +287,8 @@ class NativePlanner:
         the tables in ``out``, page count): the plan's arrays are views of ``out``; or (None, 0,
         entries needed) when ``out`` is too small; (None, 0, -1) when the table fails a check
         (tables.request_lengths raises its error)."""
+        if PIECE_WAVES is not None:  # A/B timing and tests: plan() takes the Python path (plan_at)
+            return None, 0, -1
         fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
         cap = -1 if capacity is None else capacity
         info = self._info
@@ -276,13 +307,21 @@ class NativePlanner:
             raise RuntimeError(f"fi_plan_decode_staged returned {rc} for a batch of {batch}")
         n4 = n_items * 4
         packed = out[: head + 5 + batch]
-        return (DecodePlan(out[:n4].reshape(n_items, 4), packed[head + 4:], n_items, info[2], info[0],
-                           n_items > batch, packed, info[3]), head + 5 + batch, info[4])
+        chunk = info[0]
+        return (DecodePlan(out[:n4].reshape(n_items, 4), packed[head + 4:], n_items, info[2], max(chunk, 0),
+                           n_items > batch, packed, info[3], chunk < 0), head + 5 + batch, info[4])
 
     def plan_at(self, indptr_addr: int, last_addr: int, batch: int, disable_split_kv: bool = False,
                 fixed_split_size: Optional[int] = None, capacity: Optional[int] = None) -> DecodePlan:
         """:meth:`__call__` of tables given by the addresses of their contiguous int32 data (the
         wrapper passes its CPU tensors' ``data_ptr()``: cheaper than a numpy array's address)."""
+        if PIECE_WAVES is not None:  # A/B timing: the Python planner forces or forbids piece plans
+            ip = np.ctypeslib.as_array((ctypes.c_int32 * (batch + 1)).from_address(indptr_addr))
+            lp = np.ctypeslib.as_array((ctypes.c_int32 * batch).from_address(last_addr))
+            units, sm, ctas, ps = self._args
+            return plan_decode(kv_lengths(ip, lp, ps), kv_units=units, sm_count=sm, ctas_per_sm=ctas,
+                               disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size,
+                               capacity=capacity, pieces=self._pieces)
         fixed = fixed_split_size if fixed_split_size is not None and fixed_split_size > 0 else 0
         cap = -1 if capacity is None else capacity
         info = self._info
@@ -305,13 +344,13 @@ class NativePlanner:
             raise RuntimeError(f"fi_plan_decode returned {rc} for a batch of {batch}")
         n4 = n_items * 4
         packed = self._out[: n4 + 5 + batch]
-        return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, n_slots, chunk,
-                          n_items > batch, packed, info[3])
+        return DecodePlan(packed[:n4].reshape(n_items, 4), packed[n4 + 4:], n_items, n_slots, max(chunk, 0),
+                          n_items > batch, packed, info[3], chunk < 0)
 
 
 def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_sm: int,
                 disable_split_kv: bool = False, fixed_split_size: Optional[int] = None,
-                capacity: Optional[int] = None) -> DecodePlan:
+                capacity: Optional[int] = None, pieces: bool = False) -> DecodePlan:
     """Choose chunks for a batch of requests of ``kv_lens`` tokens.
 
     Parameters
@@ -329,6 +368,9 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
         FlashInfer's page count to tokens).
     capacity : int, optional
         Most work items allowed (CUDA-graph mode); the automatic chunk grows to respect it.
+    pieces : bool
+        The kernel runs chains of pieces (sm_90+): a batch of unequal requests may take a plan of
+        balanced pieces (plan_pieces) where the model puts it ahead of the chunk plan.
 
     Examples
     --------
@@ -348,7 +390,7 @@ def plan_decode(kv_lens: np.ndarray, *, kv_units: int, sm_count: int, ctas_per_s
         return plan_uniform(batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
                             fixed_split_size, capacity)
     return _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-                 fixed_split_size, capacity, shortest)
+                 fixed_split_size, capacity, shortest, pieces=pieces)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -444,8 +486,109 @@ def _choose_chunk(kv_lens, batch, longest, shortest, kv_units, sm_count, ctas_pe
     return int(cands[best]), None if counts is None else counts[best].astype(np.int64)
 
 
+def plan_pieces(kv_lens, kv_units: int, sm_count: int, ctas_per_sm: int, waves: int = 1) -> tuple:
+    """(plan, load): a plan of balanced pieces and its modelled makespan. The batch's tokens,
+    requests one after the other, are cut into ``waves`` x (CTA slots / kv_units) equal shares, one
+    chain of items per CTA: share g starts at token ``g * total // shares``. A cut lands inside a
+    request at a multiple of CHUNK_ALIGN from its start, or on the request's boundary when it is
+    within MIN_PIECE_TOKENS of it (a share then ends there). A request cut into pieces is split, a
+    slot per piece. The items of one share follow each other: every one but the last has PIECE_NEXT,
+    every one but the first PIECE_CONT (decode_common.cuh runs the chain in its first item's CTA).
+    A request without tokens is a piece of the share it falls in. ``load`` is the longest chain's
+    tokens plus PIECE_COST_TOKENS per item after its first (decode_planner.h's build_pieces does the
+    same)."""
+    kv_lens = [int(x) for x in kv_lens]
+    batch = len(kv_lens)
+    shares = max(1, waves * _wave_items(kv_units, sm_count, ctas_per_sm))
+    total = sum(kv_lens)
+    # The cuts, in order: (request, local position) inside requests; boundary[r]: a share starts
+    # with request r.
+    cuts: list = [[] for _ in range(batch)]
+    boundary = [False] * (batch + 1)
+    boundary[0] = True
+    r, end = 0, kv_lens[0] if batch else 0
+    start = 0
+    for g in range(1, shares):
+        c = g * total // shares
+        while r < batch and end <= c:
+            r += 1
+            start = end
+            end += kv_lens[r] if r < batch else 0
+        if r >= batch:
+            break
+        local = (c - start) // CHUNK_ALIGN * CHUNK_ALIGN
+        if local < MIN_PIECE_TOKENS:
+            boundary[r] = True
+        elif kv_lens[r] - local < MIN_PIECE_TOKENS:
+            boundary[r + 1] = True
+        elif not cuts[r] or cuts[r][-1] != local:
+            cuts[r].append(local)
+    rows, merge, slot = [], [0], 0
+    load = chain = 0
+    for r, n in enumerate(kv_lens):
+        ends = cuts[r] + [n]
+        split = len(ends) > 1
+        lo = 0
+        for j, hi in enumerate(ends):
+            flags = 0
+            if j > 0 or boundary[r]:  # a share starts here
+                load = max(load, chain)
+                chain = 0
+            else:                     # the previous item's share goes on
+                rows[-1][0] |= PIECE_NEXT
+                flags = PIECE_CONT
+            chain += hi - lo + (PIECE_COST_TOKENS if flags else 0)
+            rows.append([r | flags, lo, hi, slot + j if split else -1])
+            lo = hi
+        if split:
+            slot += len(ends)
+        merge.append(slot)
+    load = max(load, chain)
+    n_items = len(rows)
+    packed = np.zeros(n_items * 4 + 4 + batch + 1, dtype=np.int32)
+    n4 = n_items * 4
+    packed[:n4] = np.array(rows, dtype=np.int64).reshape(-1)
+    packed[n4] = n_items
+    packed[n4 + 4:] = merge
+    plan = DecodePlan(work=packed[:n4].reshape(n_items, 4), merge_indptr=packed[n4 + 4:], num_items=n_items,
+                      num_slots=slot, chunk=0, split=n_items > batch, packed=packed,
+                      longest=max(kv_lens, default=0), pieces=True)
+    return plan, load
+
+
+def _chunk_load(kv_lens, chunk: int, groups: int) -> int:
+    """Modelled makespan of a chunk plan, in tokens as plan_pieces' load: the items in order, each
+    on the least loaded of ``groups`` groups of kv_units CTA slots (the block scheduler starts CTAs
+    in blockIdx order as slots free up)."""
+    heap = [0] * groups
+    for n in kv_lens:
+        n = int(n)
+        k = (n - 1) // chunk + 1 if chunk and n > 0 else 1
+        for j in range(k):
+            heapq.heapreplace(heap, heap[0] + (min(chunk, n - j * chunk) if chunk else n))
+    return max(heap)
+
+
+def _pieces_instead(kv_lens, chunk: int, n_items: int, kv_units: int, sm_count: int, ctas_per_sm: int,
+                    capacity) -> Optional[DecodePlan]:
+    """The piece plan of a batch of unequal requests when it beats the search's chunk plan of
+    ``n_items`` items (see PIECE_GAIN_PCT); else None."""
+    groups = _wave_items(kv_units, sm_count, ctas_per_sm)
+    if n_items * kv_units <= sm_count or groups > MAX_PIECE_GROUPS:  # one CTA per SM streams faster
+        return None
+    plan, load = plan_pieces(kv_lens, kv_units, sm_count, ctas_per_sm)
+    if 100 * _chunk_load(kv_lens, chunk, groups) <= PIECE_GAIN_PCT * load:
+        return None
+    return plan if capacity is None or plan.num_items <= capacity else None
+
+
 def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_split_kv,
-          fixed_split_size, capacity, shortest, uniform=False) -> DecodePlan:
+          fixed_split_size, capacity, shortest, uniform=False, pieces=False) -> DecodePlan:
+    if PIECE_WAVES and not disable_split_kv and not fixed_split_size:
+        plan = plan_pieces(kv_lens, kv_units, sm_count, ctas_per_sm, PIECE_WAVES)[0]
+        if capacity is None or plan.num_items <= capacity:
+            return plan
+    pieces = pieces and PIECE_WAVES != 0
     chunk = 0
     nchunks = None
     if fixed_split_size is not None and fixed_split_size > 0 and not disable_split_kv:
@@ -453,6 +596,13 @@ def _plan(kv_lens, batch, longest, kv_units, sm_count, ctas_per_sm, disable_spli
     elif not disable_split_kv and longest > MIN_CHUNK_TOKENS:
         chunk, nchunks = _choose_chunk(kv_lens, batch, longest, shortest, kv_units, sm_count, ctas_per_sm,
                                        capacity, uniform)
+        if chunk >= longest:
+            chunk = 0
+        if pieces and not uniform:
+            alt = _pieces_instead(kv_lens, chunk, int(np.add.reduce(nchunks)) if chunk else batch, kv_units,
+                                  sm_count, ctas_per_sm, capacity)
+            if alt is not None:
+                return alt
     if chunk and chunk >= longest:
         chunk = 0
     if not chunk:  # the common large-batch case: one item per request, written directly
