@@ -1,6 +1,7 @@
 // Split-KV planner of batch decode in host C++: plan() of a non-uniform batch, and of every host
 // page table from a wrapper's second plan on (fi_plan_decode_staged, which also checks and stages
-// the table).
+// the table). Chunk plans (the search) and, on kernels that run piece chains, plans of balanced
+// pieces (build_pieces).
 //
 // It makes the same plans as fi_attention.decode.planner.plan_decode, bit for bit
 // (tests/decode/test_planner.py runs both on thousands of random batches). That module is the

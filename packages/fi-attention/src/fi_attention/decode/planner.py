@@ -24,6 +24,13 @@ which the tests hold to bit-identical plans.
 A work item is ``(request, token_begin, token_end, slot)``; ``slot`` is -1 for a request that is
 not split (the decode kernel writes the output directly) and otherwise indexes the partial
 buffers. ``merge_indptr[b]:merge_indptr[b+1]`` are request b's slots (empty when not split).
+
+Equal chunks leave a batch of unequal requests unbalanced: its CTAs end at different times, and
+in a multi-wave grid the last ones run while other slots idle. On kernels that run piece chains
+(sm_90+: ``pieces``), such a batch may instead take a plan of balanced pieces (:func:`plan_pieces`):
+one equal share of the batch's tokens per CTA of a wave, a share crossing request boundaries as a
+chain of items run one after the other by one CTA (flags PIECE_NEXT / PIECE_CONT in the request
+word). The choice compares a greedy-dispatch model of both plans (see PIECE_GAIN_PCT).
 """
 
 from __future__ import annotations
