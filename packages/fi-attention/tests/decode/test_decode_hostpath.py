@@ -614,3 +614,52 @@ def test_cuda_graph_plans_of_one_cta_per_sm_run_in_spread_mode(sim):
     w.run(q, cache_for(indices))
     a = sim.launches[-1][0]
     assert a.sched == 0 and ctypes.c_int32.from_address(a.num_work + 4).value == 0
+
+
+def test_ragged_batches_take_piece_plans_on_both_plan_paths(sim):
+    """On sm_90 (the simulator's GPU) a ragged batch whose chunk plan is unbalanced takes a piece
+    plan: the first plan() (Python) and the next ones (the staged native call) stage the same
+    chained items, and a CUDA-graph wrapper keeps it out of spread mode."""
+    from fi_attention.decode.planner import PIECE_CONT, PIECE_NEXT  # noqa: PLC0415
+    lens = torch.randint(1, 8193, (64,), generator=torch.Generator().manual_seed(2)).tolist()
+    indptr, indices, last = tables(lens)
+    want = plan_decode(np.array(lens), kv_units=HKV, sm_count=SM_COUNT, ctas_per_sm=CTAS_PER_SM, pieces=True)
+    assert want.pieces
+    q = torch.zeros(64, HQ, D, dtype=BF16)
+    w = sim.wrapper()
+    for _ in range(2):  # the Python path, then the staged one
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        assert w._plan.pieces and np.array_equal(w._plan.packed, want.packed)
+        w.run(q, cache_for(indices))
+        a = sim.launches[-1][0]
+        n = ctypes.c_int32.from_address(a.num_work).value
+        work = np.ctypeslib.as_array((ctypes.c_int32 * (4 * n)).from_address(a.work))
+        assert n == want.num_items and np.array_equal(work, want.work.reshape(-1))
+        assert (work[0::4] & PIECE_NEXT).any() and (work[0::4] & PIECE_CONT).any()
+    bufs = (torch.zeros(65, dtype=torch.int32), torch.zeros(40000, dtype=torch.int32), torch.zeros(64, dtype=torch.int32))
+    g = sim.wrapper(graph_buffers=bufs)
+    for _ in range(2):
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        g.run(q, cache_for(bufs[1]))
+        a = sim.launches[-1][0]
+        assert g._plan.pieces and ctypes.c_int32.from_address(a.num_work + 4).value == 0  # no spread mode
+
+
+def test_cuda_graph_replan_with_other_options_warns(sim, recwarn):
+    """A captured graph keeps its capture's kernel and scalar arguments: a CUDA-graph wrapper
+    re-planned with another window, scale or soft cap warns; re-plans with the same options and
+    plain wrappers do not."""
+    bufs = (torch.zeros(5, dtype=torch.int32), torch.zeros(4096, dtype=torch.int32), torch.zeros(4, dtype=torch.int32))
+    g = sim.wrapper(graph_buffers=bufs)
+    indptr, indices, last = tables([100, 2000, 30, 5000])
+    g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    assert not recwarn.list
+    with pytest.warns(UserWarning, match=r"window_left -1 -> 700.*capture them again"):
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, window_left=700)
+    with pytest.warns(UserWarning, match=r"logits_soft_cap 0.0 -> 30.0"):
+        g.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, window_left=700, logits_soft_cap=30.0)
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, window_left=700)
+    assert not [x for x in recwarn.list if "CUDA-graph" in str(x.message)]

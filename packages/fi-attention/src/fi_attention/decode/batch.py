@@ -16,6 +16,7 @@ so both entry points are built around it:
 from __future__ import annotations
 
 import ctypes
+import warnings
 import weakref
 from typing import Optional
 
@@ -198,6 +199,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._sched: Optional[torch.Tensor] = None  # see _spread_queue
         self._sched_grid = 0
         self._spread = 0  # the last CUDA-graph plan's spread-mode word (_spread_word)
+        self._graph_sig = None  # a CUDA-graph plan's kernel and options (_warn_if_graph_options_change)
         self._retired_counters: list = []
         self._capacity: Optional[int] = None
         self._planned = False
@@ -539,6 +541,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         plan() wrote; the grid launches with PDL unless a run() says enable_pdl=False) and the
         run() fast path."""
         self._plan = plan
+        if graph:
+            self._warn_if_graph_options_change(o)
         a = self._args
         a.flags = self._flags = early | PDL | GRID_MERGE
         a.merge_count = self._merge_counters(self._batch * o.hq, graph) if (plan.split or graph) else 0
@@ -555,6 +559,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_last = None
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
                       self._args_addr, launch)
+
+    def _warn_if_graph_options_change(self, o: _Options) -> None:
+        """A captured graph replays the kernel and the scalar arguments of its capture: a re-plan
+        of a CUDA-graph wrapper updates the device metadata those kernels read, but not a kernel
+        or option that changed. Such a re-plan warns once per change (the graphs must be captured
+        again)."""
+        sig = (self._kernel_name, o.window_left, o.cap, o.sm_scale, o.rope_scale, o.rope_theta)
+        prev = self._graph_sig
+        self._graph_sig = sig
+        if prev is not None and prev != sig:
+            names = ("kernel", "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta")
+            diff = ", ".join(f"{n} {a!r} -> {b!r}" for n, a, b in zip(names, prev, sig) if a != b)
+            warnings.warn(f"CUDA-graph wrapper re-planned with other options ({diff}): graphs captured "
+                          "before this plan() keep the kernel and options of their capture; capture them "
+                          "again", stacklevel=5)
 
     def _merge_counters(self, n: int, graph: bool) -> int:
         """Address of at least ``n`` zeroed int32 arrival counters, one per (request, query head),
