@@ -286,8 +286,11 @@ struct DecodeWork {
 // the start of the next (pieces). The work item's request word carries two flags: kPieceNext, the
 // CTA that ran this item runs the next one after it (same kv unit); kPieceCont, this item is run by
 // the previous item's CTA, and its own CTA exits at once. Each piece is an ordinary item: a request
-// cut into several has a slot per piece and is merged as any split request.
-constexpr int kPieceNext = 1 << 30, kPieceCont = 1 << 29, kPieceReq = kPieceCont - 1;
+// cut into several has a slot per piece and is merged as any split request. The flags are the
+// planner's (decode_planner.h, which makes the plans).
+using fi_decode_plan::kPieceCont;
+using fi_decode_plan::kPieceNext;
+constexpr int kPieceReq = kPieceCont - 1;
 
 // Fills `d` from work item `w` (index `item`) for kv unit `unit` (kv head, head subgroup).
 template <int GH, typename P>
