@@ -663,3 +663,36 @@ def test_cuda_graph_replan_with_other_options_warns(sim, recwarn):
     w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
     w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16, window_left=700)
     assert not [x for x in recwarn.list if "CUDA-graph" in str(x.message)]
+
+
+def test_small_mha_batches_take_the_ring_and_large_ones_the_cuda_core_kernel(sim):
+    """MHA batches of at most spec.MHA_RING_MAX_UNITS (request, kv head) units plan on the tensor-
+    core ring (sm_90, 16-bit cache), larger ones on the CUDA-core kernel, and one wrapper re-planned
+    between them switches kernels (and launches after each plan). fp8 caches and backend="cuda-core"
+    keep the CUDA-core kernel; GQA keeps the ring at every batch size."""
+    from fi_attention.decode import spec  # noqa: PLC0415
+
+    mha = spec.MHA_RING_MAX_UNITS // 32  # requests of 32 kv heads at the limit
+
+    def kernel(batch, hkv=32, kv_dtype=BF16, **kw):
+        w = sim.wrapper(**kw)
+        indptr, indices, last = tables([100] * batch)
+        w.plan(indptr, indices, last, 32, hkv, D, PS, q_data_type=BF16, kv_data_type=kv_dtype)
+        return w._kernel_name
+
+    assert kernel(1).startswith("batch_decode_mma_") and kernel(mha).startswith("batch_decode_mma_")
+    assert kernel(mha + 1).startswith("batch_decode_bf16_bf16_")
+    assert kernel(1, kv_dtype=torch.float8_e4m3fn).startswith("batch_decode_bf16_e4m3_")
+    assert kernel(1, backend="cuda-core").startswith("batch_decode_bf16_bf16_")
+    assert kernel(mha + 1, use_tensor_cores=True).startswith("batch_decode_mma_")
+    assert kernel(200, hkv=8).startswith("batch_decode_mma_")
+    w = sim.wrapper()
+    names = []
+    for batch in (4, 40, 4):
+        indptr, indices, last = tables([300] * batch)
+        w.plan(indptr, indices, last, 32, 32, D, PS, q_data_type=BF16)
+        q = torch.zeros(batch, 32, D, dtype=BF16)
+        w.run(q, torch.zeros(int(indices.max()) + 1, 2, PS, 32, D, dtype=BF16), out=torch.empty_like(q))
+        names.append(w._kernel_name)
+        assert len(sim.launches) == len(names)  # one launch per run(), through the plan's launcher
+    assert names[0] == names[2] != names[1] and names[0].startswith("batch_decode_mma_")

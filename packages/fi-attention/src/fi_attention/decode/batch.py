@@ -84,6 +84,15 @@ def _cache_key(c) -> Optional[tuple]:
     return None
 
 
+def _batch_of(indptr) -> int:
+    """Requests of a plan() call's indptr before it is checked (0 when it has no length: the
+    checks then say what is wrong)."""
+    try:
+        return len(indptr) - 1
+    except TypeError:
+        return 0
+
+
 class _Options:
     """plan()'s scalar options, validated, with what follows from them (kernel included).
 
@@ -93,10 +102,10 @@ class _Options:
 
     __slots__ = ("group", "q_dtype", "kv_dtype", "hq", "hkv", "d", "ps", "pos", "window_left", "cap",
                  "sm_scale", "rope_scale", "rope_theta", "impl", "kernel", "kv_units", "finished",
-                 "shape_fields", "opt_fields", "planner")
+                 "shape_fields", "opt_fields", "planner", "small_mha")
 
     def __init__(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
-                 logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta):
+                 logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, small_mha=False):
         self.group = common.heads(num_qo_heads, num_kv_heads)
         self.pos = common.pos_mode(pos_encoding_mode)
         if page_size <= 0:
@@ -105,6 +114,7 @@ class _Options:
         self.kv_dtype = parse_dtype(kv_data_type) if kv_data_type is not None else self.q_dtype
         self.hq, self.hkv, self.d, self.ps = num_qo_heads, num_kv_heads, head_dim, page_size
         self.kv_units = num_kv_heads * (self.group // heads_per_cta(self.group))
+        self.small_mha = bool(small_mha)  # spec.small_mha_grid: select_spec may pick the ring
         self.shape_fields = (num_qo_heads, num_kv_heads, page_size, page_shift(page_size))
         self.impl = None  # resolved by the first plan() that gets past the page-table checks
         self.kernel = None
@@ -112,7 +122,7 @@ class _Options:
         self.finished = False
 
     def finish(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
-               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta) -> None:
+               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, small_mha=False) -> None:
         self.window_left = -1 if window_left is None else int(window_left)
         self.cap = common.soft_cap(logits_soft_cap)
         self.sm_scale = common.softmax_scale(sm_scale, head_dim)
@@ -236,8 +246,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         if data_type is not None:
             q_data_type = data_type
+        # A small MHA batch may take another kernel (spec.MHA_RING_MAX_UNITS): its own _Options,
+        # module and planner. The last field only splits the key; _Options ignores it.
         key = (num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
-               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta)
+               logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta,
+               _spec.small_mha_grid(num_qo_heads, num_kv_heads, _batch_of(indptr)))
         try:
             o = self._options.get(key)
         except TypeError:  # an unhashable option: validated below, never remembered
@@ -418,12 +431,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         signature."""
         dev = self._device
         # the tuning values of spec.py (bench A/B options) are part of the module's identity
-        key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel,
+        key = (dev, o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, self._kernel, o.small_mha,
                _spec.MMA_VARIANT, _spec.MMA_STAGES, _spec.PAGE_AHEAD, tuple(sorted(_spec.MMA_AB.items())))
         mk = _MODULE_CACHE.get(key)
         if mk is None:
             arch = arch_of(dev)
-            args = (o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch, self._kernel)
+            args = (o.q_dtype, o.kv_dtype, o.d, o.group, o.pos, o.cap > 0, arch, self._kernel, o.small_mha)
             spec = select_spec(*args)
             mod = load(spec)
             sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count

@@ -22,7 +22,7 @@ from . import common
 from .batch import _ctas_per_sm
 from .launch import GRID_MERGE, INDICES_EARLY, PDL, TABLES_EARLY, DecodeArgs, capturing, raw_stream
 from .planner import plan_decode
-from .spec import heads_per_cta, select_spec
+from .spec import heads_per_cta, select_spec, small_mha_grid
 
 
 @functools.lru_cache(maxsize=256)
@@ -200,7 +200,7 @@ def _single_state(key):
     group = hq // hkv
     gh = heads_per_cta(group)
     mod = load(select_spec(q_dtype, kv_dtype, d, group, pos, soft_cap, arch_of(dev),
-                           "tensor-core" if use_tc else "auto"))
+                           "tensor-core" if use_tc else "auto", small_mha_grid(hq, hkv, 1)))
     sm = device_info(dev.index if dev.index is not None else torch.cuda.current_device()).sm_count
     meta, plan, off_merge, off_tab = _single_meta(dev, kv_len, hkv * (group // gh), sm, _ctas_per_sm(mod))
     if len(_STATE) >= 1024:

@@ -109,6 +109,19 @@ TENSOR_CORE_DEFAULT = True
 # MHA 32/32 b64 kv4096 measured 970 us on CUDA cores vs 1096 us on tensor cores; GQA 32/8
 # (4 heads per CTA) measured 1080 us on tensor cores vs 1402 us on CUDA cores.
 TENSOR_CORE_MIN_GH = 2
+# ... except for small MHA grids on sm_90 with a 16-bit cache: at most this many (request, kv head)
+# units, the ring (two CTAs per SM with 64 KB in flight each) streams much faster than the
+# CUDA-core kernel. tools/ab_decode.py in turns, default (CUDA-core) against use_tensor_cores=True
+# (the ring), H200 (decode_ab_mha_ring_session20.json): 1 x 32768 (32 units) x1.364, 8 x 2048
+# (256) x1.275, 16 x 8192 (512) x1.001, 128 x 2048 (4096) x1.008, 64 x 4096 (2048) x0.982,
+# ragged 32 x <=8192 x1.003 and 64 x <=4096 x0.999. 512 = two waves of unsplit ring CTAs.
+MHA_RING_MAX_UNITS = 512
+
+
+def small_mha_grid(num_qo_heads: int, num_kv_heads: int, batch: int) -> bool:
+    """A batch that select_spec may give the ring although it is MHA (see MHA_RING_MAX_UNITS)."""
+    return (type(num_kv_heads) is int and num_qo_heads == num_kv_heads and type(batch) is int
+            and batch * num_kv_heads <= MHA_RING_MAX_UNITS)
 
 
 def tensor_core_eligible(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, gh: int,
@@ -143,17 +156,24 @@ def decode_mma_spec(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, 
                           pos_encoding_mode, soft_cap, arch, extra or None)
 
 
-def _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel) -> bool:
+def _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel, arch, small_mha) -> bool:
     eligible = tensor_core_eligible(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode)
-    return eligible and (kernel == "tensor-core" or (kernel == "auto" and TENSOR_CORE_DEFAULT
-                                                     and gh >= TENSOR_CORE_MIN_GH))
+    if not eligible or kernel == "cuda-core":
+        return False
+    if kernel == "tensor-core":
+        return True
+    ring_mha = small_mha and gh == 1 and arch.major >= 9 and kv_dtype == q_dtype
+    return TENSOR_CORE_DEFAULT and (gh >= TENSOR_CORE_MIN_GH or ring_mha)
 
 
 def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap, arch,
-                kernel: str = "auto") -> KernelSpec:
-    """The decode module for a call. kernel: "auto", "tensor-core" (if eligible) or "cuda-core"."""
+                kernel: str = "auto", small_mha: bool = False) -> KernelSpec:
+    """The decode module for a call. kernel: "auto", "tensor-core" (if eligible) or "cuda-core";
+    small_mha: the batch is a small MHA grid (small_mha_grid), which "auto" runs on the ring on
+    sm_90 with a 16-bit cache."""
     gh = heads_per_cta(group)
-    make = decode_mma_spec if _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel) else decode_spec
+    tc = _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel, arch, small_mha)
+    make = decode_mma_spec if tc else decode_spec
     return make(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, soft_cap, arch)
 
 
