@@ -107,6 +107,39 @@ def test_wrapper_validation_messages():
         BatchPrefillWithRaggedKVCacheWrapper(ws, use_cuda_graph=True).plan(i32([0, 5]), i32([0, 9]), 4, 2, 64)
 
 
+
+def test_cuda_graph_replans_warn_and_plain_wrappers_refuse_capture(monkeypatch, recwarn):
+    """run() under a capture: a wrapper without use_cuda_graph raises; a CUDA-graph wrapper records
+    what the graph keeps, and a later plan() with other options warns (the same options do not).
+    The capture test is simulated (this machine has no GPU); the fa3 query-block bound is
+    checked on the GPU (test_prefill_gpu.py)."""
+    from fi_attention.prefill import wrappers  # noqa: PLC0415
+
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    q, k, v = _qkv(5, 9)
+    plain = BatchPrefillWithRaggedKVCacheWrapper(ws)
+    plain.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16)
+    graph = BatchPrefillWithRaggedKVCacheWrapper(ws, use_cuda_graph=True, qo_indptr_buf=i32([0, 0]),
+                                                 kv_indptr_buf=i32([0, 0]))
+    graph.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16)
+    graph.run(q, k, v)  # not captured: nothing recorded
+    graph.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16, causal=True)
+    assert not [w for w in recwarn if "CUDA-graph prefill" in str(w.message)]
+    monkeypatch.setattr(wrappers, "is_capturing", lambda: True)
+    with pytest.raises(InputError, match="use_cuda_graph=False"):
+        plain.run(q, k, v)
+    graph.run(q, k, v)  # captured with causal=True
+    monkeypatch.setattr(wrappers, "is_capturing", lambda: False)
+    graph.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16, causal=True)
+    assert not [w for w in recwarn if "CUDA-graph prefill" in str(w.message)]
+    with pytest.warns(UserWarning, match="re-planned with other options"):
+        graph.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16, causal=False)
+    with pytest.warns(UserWarning, match="re-planned with other options"):
+        graph.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16, causal=True, window_left=3)
+    testing.assert_close(plain.run(q, k, v), attention_reference(q, k, v), dtype=BF16)
+
+
 # ---- CPU backend ----------------------------------------------------------------------------
 def test_single_prefill_cpu_is_the_reference_with_masks_packed_or_dense():
     q, k, v = _qkv(6, 11)

@@ -9,6 +9,7 @@ pointers); features are tested at d=128 bf16 plus one other dtype/dim each.
 
 import contextlib
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -341,6 +342,60 @@ def test_paged_cuda_graph_replays_a_new_plan():
         torch.cuda.synchronize()
         ref, _ = _per_request_ref(q, k, v, qo, kv, causal=False)
         _close(out_buf[:sum(qo)], ref, torch.bfloat16, f"replay {seed}: ")
+
+
+
+def test_fa3_cuda_graph_covers_the_longest_plan_before_capture():
+    """fa3 in CUDA-graph mode walks the query blocks of the longest request of every plan so far
+    (a launch argument the graph keeps): a graph captured after a plan of short requests replays a
+    re-plan of the earlier longer batch correctly, and a plan longer than any before the capture
+    warns. Without the bound the capture would cover 2 of the long request's 4 query blocks."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fa3 needs an sm_90 GPU")
+    ps, hq, hkv, d = 16, 8, 2, 128
+    long_qo, long_kv = [7, 500, 5], [600, 900, 300]
+    short_qo, short_kv = [171, 171, 170], [200, 171, 1000]
+    n_q, n_pages = 512, 200
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    bufs = dict(qo_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
+                paged_kv_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buf=torch.zeros(n_pages, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buf=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    w = BatchPrefillWithPagedKVCacheWrapper(ws, use_cuda_graph=True, backend="fa3", **bufs)
+    q_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
+    out_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
+    kbuf = torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda")
+    vbuf = torch.zeros_like(kbuf)
+
+    def setup(qo, kv, seed):
+        q, k, v = _qkv(sum(qo), sum(kv), hq, hkv, d, d, torch.bfloat16, seed)
+        (kc, vc), indptr, indices, last = _paged(kv, k, v, ps, "NHD", seed)
+        w.plan(_indptr(qo), indptr, indices, last, hq, hkv, d, ps, causal=False, q_data_type=torch.bfloat16)
+        q_buf.copy_(q)
+        kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
+        return q, k, v
+
+    setup(long_qo, long_kv, 1)
+    setup(short_qo, short_kv, 2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q_buf, (kbuf, vbuf), out=out_buf)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        w.run(q_buf, (kbuf, vbuf), out=out_buf)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="CUDA-graph prefill")  # no plan below the bound warns
+        for qo, kv, seed in ((long_qo, long_kv, 3), (short_qo, short_kv, 4)):
+            q, k, v = setup(qo, kv, seed)
+            out_buf.zero_()
+            g.replay()
+            torch.cuda.synchronize()
+            ref, _ = _per_request_ref(q, k, v, qo, kv, causal=False)
+            _close(out_buf, ref, torch.bfloat16, f"replay {seed}: ")
+    with pytest.warns(UserWarning, match="longest request of 510 queries"):
+        setup([1, 510, 1], [16, 600, 16], 5)
 
 
 def test_deterministic():

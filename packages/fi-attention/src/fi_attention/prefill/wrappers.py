@@ -4,17 +4,23 @@
 (plan.py) and copies it to the device; ``run()`` only launches, so it is CUDA-graph safe. With
 ``use_cuda_graph=True`` every device array lives in fixed buffers (the user's index buffers and
 our work-list buffers), so a captured ``run()`` replays correctly after a later ``plan()`` of the
-same batch size.
+same batch size whose options match the capture's and, on the fa3 kernel, whose longest request
+has no more queries than every plan before the capture (its grid walks that many 128-row query
+blocks per request, a kernel argument the graph keeps). A re-plan that breaks either warns that the
+graphs captured before must be captured again; ``run()`` of a wrapper built without
+``use_cuda_graph`` refuses to be captured.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
 from fi_core.errors import InputError, UnsupportedError
+from fi_core.launch import is_capturing
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
@@ -56,6 +62,10 @@ class _BatchPrefillBase:
         self._use_cuda_graph = use_cuda_graph
         self._backend = backend
         self._graph_bufs: Optional[dict] = None
+        # CUDA-graph mode: the largest max_qo_len of any plan so far (what fa3 launches walk), and
+        # the options and that bound when run() was last captured (see _check_graph_replan).
+        self._graph_qo_bound = 0
+        self._graph_capture: Optional[tuple] = None
         self._planned = False
 
     @property
@@ -131,7 +141,53 @@ class _BatchPrefillBase:
                 page_size=getattr(self, "_page_size", 1))
             if self._choice.name == "fa2":
                 self._plan_fa2(group, non_blocking)
+        if self._use_cuda_graph:
+            self._graph_qo_bound = max(self._graph_qo_bound, self._max_qo_len)
+            self._check_graph_replan()
         self._planned = True
+
+    def _graph_options(self) -> tuple:
+        """What a captured run() keeps of its plan: the kernel and its scalar arguments."""
+        return (None if self._choice is None else self._choice.name, self._causal, self._window_left,
+                self._soft_cap, self._sm_scale, self._pos_encoding_mode, self._rope_scale, self._rope_theta,
+                self._mask is not None, self._q_dtype, self._kv_dtype, self._dqk, self._dvo,
+                getattr(self, "_page_size", None))
+
+    def _check_graph_replan(self) -> None:
+        """A re-plan after a capture: warn where the captured graphs would replay another kernel or
+        options, or (fa3) walk fewer query blocks than this plan's longest request needs."""
+        cap = self._graph_capture
+        if cap is None:
+            return
+        opts, bound = cap
+        now = self._graph_options()
+        problems = []
+        if now != opts:
+            problems.append("other options (kernel, causal, window, scale, soft cap, RoPE, mask, dtypes or "
+                            "page size)")
+        if now[0] == "fa3" and self._max_qo_len > bound:
+            problems.append(f"a longest request of {self._max_qo_len} queries where the capture's launch "
+                            f"covers {bound}")
+        if problems:
+            warnings.warn("CUDA-graph prefill wrapper re-planned with " + " and ".join(problems) +
+                          ": graphs captured before this plan() would replay the old launch; capture them "
+                          "again (or plan the longest batch before capturing)", stacklevel=4)
+
+    def _note_capture(self) -> None:
+        """run() is being captured: a wrapper without fixed buffers refuses, a CUDA-graph one
+        remembers what the graph keeps."""
+        if not is_capturing():
+            return
+        if not self._use_cuda_graph:
+            raise InputError("run() is being captured into a CUDA graph but this wrapper was built with "
+                             "use_cuda_graph=False: its plan() buffers may move. Build it with "
+                             "use_cuda_graph=True and the index buffers")
+        self._graph_capture = (self._graph_options(), self._graph_qo_bound)
+
+    def _max_qo_for_launch(self) -> int:
+        """max_qo_len of a launch: in CUDA-graph mode the bound over every plan so far, so that a
+        graph captured after the longest plan covers the later ones."""
+        return self._graph_qo_bound if self._use_cuda_graph else self._max_qo_len
 
     def _plan_fa2(self, group, non_blocking):
         masked = self._mask is not None
@@ -279,6 +335,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         """``q [nnz_qo, H_qo, D_qk]``, ``k [nnz_kv, H_kv, D_qk]``, ``v [nnz_kv, H_kv, D_vo]``
         (HND: heads first) -> ``out [nnz_qo, H_qo, D_vo]`` (+ base-2 ``lse [nnz_qo, H_qo]``)."""
         out, lse = self._check_q_out(q, out, lse, return_lse)
+        self._note_capture()
         check_tensor("k", k, 3)
         check_tensor("v", v, 3)
         kn = k if self._kv_layout == "NHD" else k.transpose(0, 1)
@@ -300,8 +357,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
                                  out, lse)
         else:
             self._launch(PrefillCall(
-                q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=self._num_qo_heads, max_qo_len=self._max_qo_len,
-                num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
+                q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                max_qo_len=self._max_qo_for_launch(), num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk,
+                head_dim_vo=self._dvo,
                 k_strides=(0, kn.stride(0), kn.stride(1)), v_strides=(0, vn.stride(0), vn.stride(1)),
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, causal=self._causal,
                 window_left=self._window_left, sm_scale=self._sm_scale, logits_soft_cap=self._soft_cap,
@@ -402,6 +460,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         """``q [nnz_qo, H_qo, D_qk]`` over the cache -> ``out [nnz_qo, H_qo, D_vo]`` (+ ``lse``).
         ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the output."""
         out, lse = self._check_q_out(q, out, lse, return_lse)
+        self._note_capture()
         kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         if kv.page_size != self._page_size or kv.num_kv_heads != self._num_kv_heads or kv.head_dim != self._dqk:
             raise InputError(f"paged_kv_cache has page_size {kv.page_size}, {kv.num_kv_heads} kv heads, head_dim "
@@ -416,8 +475,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                                              self._last_host, b, self._kv_layout), out, lse, k_scale=ks)
         else:
             self._launch(PrefillCall(
-                q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads, max_qo_len=self._max_qo_len,
-                num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk, head_dim_vo=self._dvo,
+                q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
+                max_qo_len=self._max_qo_for_launch(), num_kv_heads=self._num_kv_heads, head_dim_qk=self._dqk,
+                head_dim_vo=self._dvo,
                 k_strides=kv.k_strides, v_strides=kv.v_strides, paged=True, page_size=self._page_size,
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, kv_indices=self._kv_indices_dev,
                 kv_last_page_len=self._last_dev, causal=self._causal, window_left=self._window_left,
