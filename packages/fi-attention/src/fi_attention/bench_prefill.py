@@ -108,6 +108,10 @@ def _sdpa_batch(q, k, v, batch, L, causal):
     return _sdpa(qb, kb, vb, causal)
 
 
+def _i32_buffer(n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int32, device="cuda")
+
+
 @routine("BatchPrefillWithRaggedKVCacheWrapper", family="fi-attention",
          help="ragged batch prefill 16 x 2048 causal GQA 32/8 d128 bf16 vs torch SDPA")
 def ragged_routine(args: RoutineArgs):
@@ -118,8 +122,11 @@ def ragged_routine(args: RoutineArgs):
     batch, L = (4, 2048) if args.quick else (16, 2048)
     tile = _apply_tile_option(args)
     indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
+    # A CUDA-graph wrapper (fixed index buffers): time_fn replays captured run() calls, and a
+    # wrapper without use_cuda_graph refuses to be captured.
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
-                                             backend=backend)
+                                             backend=backend, use_cuda_graph=True,
+                                             qo_indptr_buf=_i32_buffer(batch + 1), kv_indptr_buf=_i32_buffer(batch + 1))
     w.plan(indptr, indptr, HQ, HKV, D, causal=causal, q_data_type=torch.bfloat16)
     sets = rotating_inputs(lambda i: _batch_inputs(batch, L, i), "cuda", max_sets=4)
     q, k, v = sets[0]
@@ -149,8 +156,10 @@ def paged_routine(args: RoutineArgs):
     g = torch.Generator().manual_seed(0)
     indices = torch.randperm(batch * pages_per, generator=g).to(torch.int32)
     last = torch.full((batch,), ps, dtype=torch.int32)
-    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"),
-                                            backend=backend)
+    w = BatchPrefillWithPagedKVCacheWrapper(  # a CUDA-graph wrapper, as in the ragged routine
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), backend=backend, use_cuda_graph=True,
+        qo_indptr_buf=_i32_buffer(batch + 1), paged_kv_indptr_buf=_i32_buffer(batch + 1),
+        paged_kv_indices_buf=_i32_buffer(batch * pages_per), paged_kv_last_page_len_buf=_i32_buffer(batch))
     w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, ps, causal=causal, q_data_type=torch.bfloat16)
     idx = indices.cuda().long()
 
