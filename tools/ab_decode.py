@@ -14,7 +14,8 @@ mha (64 x 4096, MHA 32/32), mha1 (1 x 32768, MHA: the CUDA-core kernel, split); 
 r8k16: ragged batches (rBATCHkKV/1024: lengths uniform in 1 .. 2 x KV, seed 2; pages in random order);
 q96k6, q48k8, q200k2, q24k12: the same with seed 5; s64k8, s128k4, s32k16: skewed batches (7 in 8
 requests of 1 .. KV / 8 tokens, every 8th of KV .. 4 x KV); rf128k4, rf64k8 (e4m3 cache), rm32k4,
-rm64k2 (MHA 32/32): ragged as the r cases; mha16k8, mha8k2, mha128k2, mha32k4: more MHA 32/32 shapes (uniform).
+rm64k2 (MHA 32/32): ragged as the r cases; mha16k8, mha8k2, mha128k2, mha32k4: more MHA 32/32
+shapes (uniform); mhaf1, mhaf8k2, mhaf16k8, mhaf: MHA 32/32 with an e4m3 cache.
 
 BUILD is ``0`` (the defaults) or a comma list of NAME=N switches: the tensor-core kernel built
 with -DFI_NAME=N (fi_attention.decode.spec.MMA_AB), e.g. MMA_STAGES=4 or MMA_VARIANT=3. One name
@@ -66,7 +67,10 @@ CASES = {"b1": (1, 32768, torch.bfloat16), "b2": (2, 4096, torch.bfloat16), "b16
          "rm32k4": (32, 4096, torch.bfloat16, 32, 32), "rm64k2": (64, 2048, torch.bfloat16, 32, 32),
          # more MHA 32/32 shapes: 16 x 8192, 8 x 2048 (a short step), 128 x 2048, 32 x 4096
          "mha16k8": (16, 8192, torch.bfloat16, 32, 32), "mha8k2": (8, 2048, torch.bfloat16, 32, 32),
-         "mha128k2": (128, 2048, torch.bfloat16, 32, 32), "mha32k4": (32, 4096, torch.bfloat16, 32, 32)}
+         "mha128k2": (128, 2048, torch.bfloat16, 32, 32), "mha32k4": (32, 4096, torch.bfloat16, 32, 32),
+         # MHA 32/32 with an e4m3 cache: 1 x 32768, 8 x 2048, 16 x 8192, 64 x 4096
+         "mhaf1": (1, 32768, torch.float8_e4m3fn, 32, 32), "mhaf8k2": (8, 2048, torch.float8_e4m3fn, 32, 32),
+         "mhaf16k8": (16, 8192, torch.float8_e4m3fn, 32, 32), "mhaf": (64, 4096, torch.float8_e4m3fn, 32, 32)}
 NOTE = ("fixed inputs, CUDA graphs of 5 run() calls on CUDA-graph wrappers, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 

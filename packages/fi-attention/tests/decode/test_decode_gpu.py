@@ -119,6 +119,22 @@ def test_fp8_kv_with_scales(kv_dtype, q_dtype, backend):
     testing.assert_close(lse, rl, **LSE_TOL)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lens", [[5000, 333, 2], [700] * 40])
+def test_mha_auto_kernel_choice(kv_dtype, d, lens):
+    """MHA on "auto": the ring on sm_90 for fp8 caches at any batch and for small 16-bit batches
+    (spec.MHA_RING_MAX_UNITS), the CUDA-core kernel otherwise; either way against the reference."""
+    ks, vs = (0.7, 1.9) if kv_dtype != torch.bfloat16 else (None, None)
+    scales = dict(k_scale=ks, v_scale=vs) if ks is not None else {}
+    out, lse, ro, rl, w = run_decode(lens, 16, 16, 16, d, kv_dtype=kv_dtype, run_kw=scales, ref_kw=scales)
+    testing.assert_close(out, ro, dtype=torch.bfloat16)
+    testing.assert_close(lse, rl, **LSE_TOL)
+    if torch.cuda.get_device_capability() >= (9, 0):
+        ring = kv_dtype != torch.bfloat16 or len(lens) * 16 <= 512
+        assert w._kernel_name.startswith("batch_decode_mma_") == ring, w._kernel_name
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("tuple_cache", [False, True])
 @pytest.mark.parametrize("page_size", [1, 5, 16])

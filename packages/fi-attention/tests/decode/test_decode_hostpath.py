@@ -668,8 +668,9 @@ def test_cuda_graph_replan_with_other_options_warns(sim, recwarn):
 def test_small_mha_batches_take_the_ring_and_large_ones_the_cuda_core_kernel(sim):
     """MHA batches of at most spec.MHA_RING_MAX_UNITS (request, kv head) units plan on the tensor-
     core ring (sm_90, 16-bit cache), larger ones on the CUDA-core kernel, and one wrapper re-planned
-    between them switches kernels (and launches after each plan). fp8 caches and backend="cuda-core"
-    keep the CUDA-core kernel; GQA keeps the ring at every batch size."""
+    between them switches kernels (and launches after each plan). MHA on an fp8 cache takes the
+    ring at every size, backend="cuda-core" keeps the CUDA-core kernel, and GQA keeps the ring at
+    every batch size."""
     from fi_attention.decode import spec  # noqa: PLC0415
 
     mha = spec.MHA_RING_MAX_UNITS // 32  # requests of 32 kv heads at the limit
@@ -682,7 +683,9 @@ def test_small_mha_batches_take_the_ring_and_large_ones_the_cuda_core_kernel(sim
 
     assert kernel(1).startswith("batch_decode_mma_") and kernel(mha).startswith("batch_decode_mma_")
     assert kernel(mha + 1).startswith("batch_decode_bf16_bf16_")
-    assert kernel(1, kv_dtype=torch.float8_e4m3fn).startswith("batch_decode_bf16_e4m3_")
+    assert kernel(1, kv_dtype=torch.float8_e4m3fn).startswith("batch_decode_mma_bf16_e4m3_")
+    assert kernel(4 * mha, kv_dtype=torch.float8_e5m2).startswith("batch_decode_mma_bf16_e5m2_")
+    assert kernel(4 * mha, kv_dtype=torch.float8_e4m3fn, backend="cuda-core").startswith("batch_decode_bf16_e4m3_")
     assert kernel(1, backend="cuda-core").startswith("batch_decode_bf16_bf16_")
     assert kernel(mha + 1, use_tensor_cores=True).startswith("batch_decode_mma_")
     assert kernel(200, hkv=8).startswith("batch_decode_mma_")

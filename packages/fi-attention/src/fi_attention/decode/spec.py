@@ -115,6 +115,10 @@ TENSOR_CORE_MIN_GH = 2
 # (the ring), H200 (decode_ab_mha_ring_session20.json): 1 x 32768 (32 units) x1.364, 8 x 2048
 # (256) x1.275, 16 x 8192 (512) x1.001, 128 x 2048 (4096) x1.008, 64 x 4096 (2048) x0.982,
 # ragged 32 x <=8192 x1.003 and 64 x <=4096 x0.999. 512 = two waves of unsplit ring CTAs.
+# With an fp8 cache the ring wins at every size (the CUDA-core kernel's fp8 MHA path reached
+# 1.7-3.2 TB/s): 1 x 32768 x1.901, 8 x 2048 x1.746, 16 x 8192 x1.577, 64 x 4096 x1.298 (516.71
+# against 670.62 us, decode_ab_mha_fp8_ring_session20.json), so sm_90 MHA on fp8 caches always
+# takes it.
 MHA_RING_MAX_UNITS = 512
 
 
@@ -162,7 +166,7 @@ def _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel, ar
         return False
     if kernel == "tensor-core":
         return True
-    ring_mha = small_mha and gh == 1 and arch.major >= 9 and kv_dtype == q_dtype
+    ring_mha = gh == 1 and arch.major >= 9 and (kv_dtype in _FP8 or (small_mha and kv_dtype == q_dtype))
     return TENSOR_CORE_DEFAULT and (gh >= TENSOR_CORE_MIN_GH or ring_mha)
 
 
@@ -170,7 +174,7 @@ def select_spec(q_dtype, kv_dtype, head_dim, group, pos_encoding_mode, soft_cap,
                 kernel: str = "auto", small_mha: bool = False) -> KernelSpec:
     """The decode module for a call. kernel: "auto", "tensor-core" (if eligible) or "cuda-core";
     small_mha: the batch is a small MHA grid (small_mha_grid), which "auto" runs on the ring on
-    sm_90 with a 16-bit cache."""
+    sm_90 with a 16-bit cache (MHA on an fp8 cache takes the ring there at any size)."""
     gh = heads_per_cta(group)
     tc = _tensor_cores(q_dtype, kv_dtype, head_dim, gh, pos_encoding_mode, kernel, arch, small_mha)
     make = decode_mma_spec if tc else decode_spec
