@@ -298,51 +298,68 @@ def test_batch_custom_mask_and_window():
     _close(out, ref, torch.bfloat16)
 
 
-def test_paged_cuda_graph_replays_a_new_plan():
+class _GraphPaged:
+    """A CUDA-graph paged wrapper for 3 requests over fixed q / out / cache buffers (NHD, page 16,
+    GQA 8/2, d128, bf16), and a graph of one run() captured on a side stream."""
     ps, hq, hkv, d = 16, 8, 2, 128
-    qo1, kv1 = [7, 100, 1], [30, 400, 2000]
-    qo2, kv2 = [50, 1, 9], [60, 3000, 9]
-    n_q, n_pages = 200, 400
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    bufs = dict(qo_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
-                paged_kv_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
-                paged_kv_indices_buf=torch.zeros(n_pages, dtype=torch.int32, device="cuda"),
-                paged_kv_last_page_len_buf=torch.zeros(3, dtype=torch.int32, device="cuda"))
-    w = BatchPrefillWithPagedKVCacheWrapper(ws, use_cuda_graph=True, backend="fa2", **bufs)
-    q_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
-    out_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
 
-    def setup(qo, kv, seed):
-        q, k, v = _qkv(sum(qo), sum(kv), hq, hkv, d, d, torch.bfloat16, seed)
-        cache, indptr, indices, last = _paged(kv, k, v, ps, "NHD", seed)
-        # Pad the last request to the fixed q size. Non-causal, so padding rows do not move the
-        # real rows' causal diagonal.
-        qo_pad = qo[:-1] + [qo[-1] + n_q - sum(qo)]
-        w.plan(_indptr(qo_pad), indptr, indices, last, hq, hkv, d, ps, causal=False, q_data_type=torch.bfloat16)
-        q_buf.zero_()
-        q_buf[:sum(qo)] = q
-        return q, k, v, cache
+    def __init__(self, backend, n_q, n_pages):
+        dev, i32, bf16 = "cuda", torch.int32, torch.bfloat16
+        ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+        self.w = BatchPrefillWithPagedKVCacheWrapper(
+            ws, use_cuda_graph=True, backend=backend, qo_indptr_buf=torch.zeros(4, dtype=i32, device=dev),
+            paged_kv_indptr_buf=torch.zeros(4, dtype=i32, device=dev),
+            paged_kv_indices_buf=torch.zeros(n_pages, dtype=i32, device=dev),
+            paged_kv_last_page_len_buf=torch.zeros(3, dtype=i32, device=dev))
+        self.q = torch.zeros(n_q, self.hq, self.d, dtype=bf16, device=dev)
+        self.out = torch.zeros_like(self.q)
+        self.k = torch.zeros(n_pages, self.ps, self.hkv, self.d, dtype=bf16, device=dev)
+        self.v = torch.zeros_like(self.k)
 
-    q, k, v, cache = setup(qo1, kv1, 1)
-    kc, vc = cache
-    kbuf, vbuf = torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda"), torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda")
-    kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        w.run(q_buf, (kbuf, vbuf), out=out_buf)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        w.run(q_buf, (kbuf, vbuf), out=out_buf)
-    for qo, kv, seed in ((qo1, kv1, 1), (qo2, kv2, 2)):
-        q, k, v, (kc, vc) = setup(qo, kv, seed)
-        kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
+    def setup(self, qo, kv, seed, plan_qo=None):
+        """Plans requests of qo / kv tokens (plan_qo: the query lengths planned, default qo) and
+        fills the buffers; returns the dense q, k, v for the reference."""
+        q, k, v = _qkv(sum(qo), sum(kv), self.hq, self.hkv, self.d, self.d, torch.bfloat16, seed)
+        (kc, vc), indptr, indices, last = _paged(kv, k, v, self.ps, "NHD", seed)
+        self.w.plan(_indptr(plan_qo or qo), indptr, indices, last, self.hq, self.hkv, self.d, self.ps, causal=False,
+                    q_data_type=torch.bfloat16)
+        self.q.zero_()
+        self.q[:sum(qo)] = q
+        self.k[:kc.shape[0]], self.v[:vc.shape[0]] = kc, vc
+        return q, k, v
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self.w.run(self.q, (self.k, self.v), out=self.out)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            self.w.run(self.q, (self.k, self.v), out=self.out)
+        return g
+
+    def replay_matches(self, g, qo, kv, seed, plan_qo=None):
+        q, k, v = self.setup(qo, kv, seed, plan_qo)
+        self.out.zero_()
         g.replay()
         torch.cuda.synchronize()
         ref, _ = _per_request_ref(q, k, v, qo, kv, causal=False)
-        _close(out_buf[:sum(qo)], ref, torch.bfloat16, f"replay {seed}: ")
+        _close(self.out[:sum(qo)], ref, torch.bfloat16, f"replay {seed}: ")
 
+
+def test_paged_cuda_graph_replays_a_new_plan():
+    qo1, kv1 = [7, 100, 1], [30, 400, 2000]
+    qo2, kv2 = [50, 1, 9], [60, 3000, 9]
+    t = _GraphPaged("fa2", n_q=200, n_pages=400)
+
+    def pad(qo):  # the last request padded to the fixed q size (non-causal: the real rows are unchanged)
+        return qo[:-1] + [qo[-1] + 200 - sum(qo)]
+
+    t.setup(qo1, kv1, 1, pad(qo1))
+    g = t.capture()
+    for qo, kv, seed in ((qo1, kv1, 1), (qo2, kv2, 2)):
+        t.replay_matches(g, qo, kv, seed, pad(qo))
 
 
 def test_fa3_cuda_graph_covers_the_longest_plan_before_capture():
@@ -352,51 +369,18 @@ def test_fa3_cuda_graph_covers_the_longest_plan_before_capture():
     warns. Without the bound the capture would cover 2 of the long request's 4 query blocks."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("fa3 needs an sm_90 GPU")
-    ps, hq, hkv, d = 16, 8, 2, 128
     long_qo, long_kv = [7, 500, 5], [600, 900, 300]
     short_qo, short_kv = [171, 171, 170], [200, 171, 1000]
-    n_q, n_pages = 512, 200
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    bufs = dict(qo_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
-                paged_kv_indptr_buf=torch.zeros(4, dtype=torch.int32, device="cuda"),
-                paged_kv_indices_buf=torch.zeros(n_pages, dtype=torch.int32, device="cuda"),
-                paged_kv_last_page_len_buf=torch.zeros(3, dtype=torch.int32, device="cuda"))
-    w = BatchPrefillWithPagedKVCacheWrapper(ws, use_cuda_graph=True, backend="fa3", **bufs)
-    q_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
-    out_buf = torch.zeros(n_q, hq, d, dtype=torch.bfloat16, device="cuda")
-    kbuf = torch.zeros(n_pages, ps, hkv, d, dtype=torch.bfloat16, device="cuda")
-    vbuf = torch.zeros_like(kbuf)
-
-    def setup(qo, kv, seed):
-        q, k, v = _qkv(sum(qo), sum(kv), hq, hkv, d, d, torch.bfloat16, seed)
-        (kc, vc), indptr, indices, last = _paged(kv, k, v, ps, "NHD", seed)
-        w.plan(_indptr(qo), indptr, indices, last, hq, hkv, d, ps, causal=False, q_data_type=torch.bfloat16)
-        q_buf.copy_(q)
-        kbuf[:kc.shape[0]], vbuf[:vc.shape[0]] = kc, vc
-        return q, k, v
-
-    setup(long_qo, long_kv, 1)
-    setup(short_qo, short_kv, 2)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        w.run(q_buf, (kbuf, vbuf), out=out_buf)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        w.run(q_buf, (kbuf, vbuf), out=out_buf)
+    t = _GraphPaged("fa3", n_q=512, n_pages=200)
+    t.setup(long_qo, long_kv, 1)
+    t.setup(short_qo, short_kv, 2)
+    g = t.capture()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA-graph prefill")  # no plan below the bound warns
         for qo, kv, seed in ((long_qo, long_kv, 3), (short_qo, short_kv, 4)):
-            q, k, v = setup(qo, kv, seed)
-            out_buf.zero_()
-            g.replay()
-            torch.cuda.synchronize()
-            ref, _ = _per_request_ref(q, k, v, qo, kv, causal=False)
-            _close(out_buf, ref, torch.bfloat16, f"replay {seed}: ")
+            t.replay_matches(g, qo, kv, seed)
     with pytest.warns(UserWarning, match="longest request of 510 queries"):
-        setup([1, 510, 1], [16, 600, 16], 5)
-
+        t.setup([1, 510, 1], [16, 600, 16], 5)
 
 def test_deterministic():
     q, k, v = _qkv(1000, 4097, 8, 2, 128, 128, torch.bfloat16, seed=9)
