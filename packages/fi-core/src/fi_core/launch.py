@@ -58,3 +58,10 @@ def ptr(t: torch.Tensor | None) -> int | None:
 def is_capturing() -> bool:
     """Whether the current stream is being captured into a CUDA graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# is_capturing() for launch paths on a CUDA device: torch.cuda.is_current_stream_capturing()
+# minus its Python frame and the availability test (torch.compile must not trace it: traced calls
+# take a checked path). CPU-only builds carry a placeholder of the C function that raises, hence
+# the version test; on a machine without a GPU call is_capturing() instead.
+capturing = torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda else is_capturing

@@ -13,17 +13,12 @@ import struct
 
 import torch
 
-from fi_core.launch import current_stream, is_capturing
+from fi_core.launch import capturing, current_stream  # noqa: F401  (capturing: re-exported for run())
 
 try:  # the raw cudaStream_t of torch's current stream, without building a Stream object
     raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
 except AttributeError:  # pragma: no cover - CPU-only torch builds
     raw_stream = current_stream
-
-# torch.cuda.is_current_stream_capturing() minus its Python frame, for run()'s launch path (which
-# torch.compile never traces: traced calls take the checked path and its public function). CPU
-# builds carry a placeholder of the C function that raises, hence the version test.
-capturing = torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda else is_capturing
 
 _I, _D = ctypes.c_int64, ctypes.c_double
 # struct DecodeArgs (decode_args.h), field for field: what run() sets, the cache, what plan() sets.

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fi_core.errors import InputError, UnsupportedError
-from fi_core.launch import is_capturing
+from fi_core.launch import capturing, is_capturing
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
@@ -176,7 +176,7 @@ class _BatchPrefillBase:
     def _note_capture(self) -> None:
         """run() is being captured: a wrapper without fixed buffers refuses, a CUDA-graph one
         remembers what the graph keeps."""
-        if not is_capturing():
+        if not (capturing() if self.device.type == "cuda" else is_capturing()):
             return
         if not self._use_cuda_graph:
             raise InputError("run() is being captured into a CUDA graph but this wrapper was built with "
