@@ -100,15 +100,16 @@ def measure(hostsim_path: str | None, scale: float) -> dict:
     with hs.HostSim(device_memory="meta", launcher="noop") as sim:
         results["launcher"] = sim.launcher
         raw = sim.module.fn("fi_batch_decode").raw
-        results["bare launcher call"] = _per_call_us(lambda: raw(0, hs.FAKE_STREAM), int(20000 * scale), 7)
+        args = (0,) if getattr(hs, "_ONE_ARG", False) else (0, hs.FAKE_STREAM)  # the tree's launcher ABI
+        results["bare launcher call"] = _per_call_us(lambda: raw(*args), int(20000 * scale), 7)
 
         def run_case(name, batch, kv_len, kv_dtype=bf16, tuple_cache=False, graph=False, with_out=True,
-                     scales=None):
+                     scales=None, layers=1):
             indptr, indices, last = _tables(batch, kv_len)
             n_pages = int(indptr[-1])
-            cache = torch.zeros(n_pages, 2, PAGE, 8, D, dtype=kv_dtype)
+            caches = [torch.zeros(n_pages, 2, PAGE, 8, D, dtype=kv_dtype) for _ in range(layers)]
             if tuple_cache:
-                cache = (cache[:, 0], cache[:, 1])
+                caches = [(c[:, 0], c[:, 1]) for c in caches]
             q = torch.zeros(batch, 32, D, dtype=bf16)
             out = torch.empty_like(q)
             bufs = (torch.zeros(batch + 1, dtype=torch.int32), torch.zeros(n_pages, dtype=torch.int32),
@@ -118,7 +119,12 @@ def measure(hostsim_path: str | None, scale: float) -> dict:
             kw = dict(scales or {})
             if with_out:
                 kw["out"] = out
-            results[name] = _per_call_us(lambda: w.run(q, cache, **kw), int(20000 * scale), 7)
+            if layers == 1:
+                cache = caches[0]
+                results[name] = _per_call_us(lambda: w.run(q, cache, **kw), int(20000 * scale), 7)
+            else:  # one wrapper, a cache per layer in turn (a serving step)
+                turn = itertools.cycle(caches)
+                results[name] = _per_call_us(lambda: w.run(q, next(turn), **kw), int(20000 * scale), 7)
 
         run_case("run b1 kv512 out= (bench _host_times)", 1, 512)
         run_case("run b1 kv512, out allocated", 1, 512, with_out=False)
@@ -126,6 +132,7 @@ def measure(hostsim_path: str | None, scale: float) -> dict:
         run_case("run b1 kv512 (k, v) tuple cache", 1, 512, tuple_cache=True)
         run_case("run b1 kv512 fp8 k_scale/v_scale", 1, 512, kv_dtype=e4m3, scales=dict(k_scale=0.8, v_scale=1.25))
         run_case("run b1 kv512 CUDA-graph wrapper", 1, 512, graph=True)
+        run_case("run b1 kv512 out=, 32 layer caches in turn", 1, 512, layers=32)
 
         def plan_case(name, tables, graph=False, kv_dtype=bf16, hkv=8):
             indptr, indices, last = tables

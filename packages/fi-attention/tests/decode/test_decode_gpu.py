@@ -612,17 +612,26 @@ def test_pdl_chain_reads_the_previous_steps_output(backend, tables):
         assert torch.equal(a, b)  # with and without PDL: the same kernel, the same bits
 
 
-def test_capture_without_graph_mode_raises():
-    cache, indptr, indices, last = make_batch([64], 16, 8, 128)
-    q = testing.randn((1, 32, 128), torch.bfloat16, DEV)
-    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+@KERNELS
+def test_capture_without_graph_mode_raises(backend):
+    """A wrapper built without use_cuda_graph refuses capture: on the launch path its launcher
+    tests the stream (REFUSE_CAPTURE) and queues nothing, on the checked path (return_lse) torch's
+    query does; afterwards the wrapper runs as before."""
+    cache, indptr, indices, last = make_batch([64, 3000], 16, 8, 128)
+    q = testing.randn((2, 32, 128), torch.bfloat16, DEV)
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV), backend=backend)
     w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16)
     out = torch.empty_like(q)
-    w.run(q, cache, out=out)
-    g = torch.cuda.CUDAGraph()
-    with pytest.raises(InputError, match="use_cuda_graph"):
-        with torch.cuda.graph(g):
-            w.run(q, cache, out=out)
+    w.run(q, cache, out=out)  # the first sight of the cache: checked path
+    ref = w.run(q, cache).clone()  # launch path
+    for kw in ({"out": out}, {"return_lse": True}):
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(InputError, match="use_cuda_graph"):
+            with torch.cuda.graph(g):
+                w.run(q, cache, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(w.run(q, cache), ref)
+    testing.assert_close(ref, batch_decode_reference(q, cache, indptr, indices, last), dtype=torch.bfloat16)
 
 
 @KERNELS

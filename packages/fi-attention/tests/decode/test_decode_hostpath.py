@@ -126,9 +126,13 @@ def test_switching_caches_rewrites_the_kv_fields(sim):
     q = torch.zeros(2, HQ, D, dtype=BF16)
     for c in (a_cache, a_cache, b_cache, a_cache, pair, pair, a_cache):
         w.run(q, c)
+    # the launch path skips the repacking for the previous call's cache: a checked call (return_lse)
+    # with another cache in between must not leave it thinking the block still holds the first
+    for c, lse in ((a_cache, False), (b_cache, True), (a_cache, False), (a_cache, True), (b_cache, False)):
+        w.run(q, c, return_lse=lse)
     got = [(a.k, a.v) for a, _ in sim.launches]
     ka, kb = (a_cache.data_ptr(), a_cache[:, 1].data_ptr()), (b_cache.data_ptr(), b_cache[:, 1].data_ptr())
-    assert got == [ka, ka, kb, ka, kb, kb, ka]
+    assert got == [ka, ka, kb, ka, kb, kb, ka, ka, kb, ka, ka, kb]
 
 
 def test_cache_strides_past_32_bits_are_refused(sim):
@@ -167,9 +171,12 @@ def test_launch_path_declines_and_the_checked_path_raises(sim):
         w.run(q, cache[:, :, :, :4])
     with pytest.raises(InputTypeError, match="paged_kv_cache must be"):
         w.run(q, cache.view(torch.float16))
-    sim.capturing = True
-    with pytest.raises(InputError, match="use_cuda_graph"):
-        w.run(q, cache)
+    sim.capturing = True  # the launcher refuses (REFUSE_CAPTURE), the checked path asks torch
+    launches = len(sim.launches)
+    for kw in ({}, {"return_lse": True}):
+        with pytest.raises(InputError, match="use_cuda_graph"):
+            w.run(q, cache, **kw)
+    assert len(sim.launches) == launches
     sim.capturing = False
     launches = len(sim.launches)
     sim.return_code = 700
@@ -529,7 +536,7 @@ def test_launch_flags_name_the_tables_plan_wrote(sim):
         indptr, indices, last = tables(lens, seed=seed)
         w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
         w.run(q, cache_for(indices), out=out)
-        assert sim.launches[-1][0].flags == every
+        assert sim.launches[-1][0].flags == every | launch.REFUSE_CAPTURE  # not a CUDA-graph wrapper
     bufs = (torch.zeros(5, dtype=torch.int32), torch.zeros(4096, dtype=torch.int32),
             torch.zeros(4, dtype=torch.int32))
     g = sim.wrapper(graph_buffers=bufs)
@@ -699,3 +706,22 @@ def test_small_mha_batches_take_the_ring_and_large_ones_the_cuda_core_kernel(sim
         names.append(w._kernel_name)
         assert len(sim.launches) == len(names)  # one launch per run(), through the plan's launcher
     assert names[0] == names[2] != names[1] and names[0].startswith("batch_decode_mma_")
+
+
+def test_torch_compile_traces_the_custom_op_with_the_launch_path_armed(sim):
+    """The launch path's gate (torch.compiler.is_dynamo_compiling) sends a dynamo trace to the
+    checked path and its custom op: with fullgraph=True a traced ctypes launch would fail."""
+    indptr, indices, last = tables([300, 40])
+    w = sim.wrapper()
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+    cache = cache_for(indices)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    w.run(q, cache)
+    w.run(q, cache)  # the cache is remembered: the launch path
+    assert w._fast_gen == knobs.GENERATION[0]
+    f = torch.compile(lambda q, c: w.run(q, c), fullgraph=True, backend="eager")
+    n = len(sim.launches)
+    f(q, cache)
+    f(q, cache)
+    assert len(sim.launches) == n + 2
+    assert (sim.launches[-1][0].k, sim.launches[-1][0].q) == (cache.data_ptr(), q.data_ptr())

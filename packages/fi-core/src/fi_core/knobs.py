@@ -45,6 +45,9 @@ KNOBS: dict[str, Knob] = {}
 # run(), where os.environ.get alone costs ~1.5 us). override() and refresh() invalidate the cache;
 # code that edits os.environ directly at run time must call refresh().
 _generation = [0]
+# The generation itself ([int], bumped by override() and refresh()): a hot path that read a knob
+# once may compare it instead of calling the knob again (fi_attention's decode run()).
+GENERATION = _generation
 
 
 def _declare(knob: Knob) -> Callable[[], object]:

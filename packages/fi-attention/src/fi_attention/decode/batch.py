@@ -29,9 +29,9 @@ from fi_core.errors import InputError, InputTypeError
 from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from . import common
-from .launch import (GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_RUN, OFF_SHAPE, OFF_TABLES, OFF_TAIL,
-                     PACK_KV, PACK_OPTS, PACK_RUN, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, TABLES_EARLY,
-                     DecodeArgs, capturing, page_shift, raw_stream)
+from .launch import (CAPTURE_REFUSED, GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_RUN, OFF_SHAPE, OFF_TABLES,
+                     OFF_TAIL, PACK_KV, PACK_OPTS, PACK_RUN, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, REFUSE_CAPTURE,
+                     TABLES_EARLY, DecodeArgs, capturing, page_shift, raw_stream)
 from .planner import NativePlanner, max_items, plan_uniform
 from . import spec as _spec
 from .spec import heads_per_cta, select_spec
@@ -39,12 +39,24 @@ from .staging import MetadataStaging
 from .tables import host_tables, request_lengths
 
 _compiling = torch.compiler.is_compiling
-_check_inputs = knobs.check_inputs  # cached by knobs: ~0.25 us per run()
+# The launch path's gate: True while dynamo traces (like is_compiling) at a third of its cost. Other
+# tracers (make_fx, export's non-strict mode) hand run() tensor subclasses, which that path declines
+# (type(q) is torch.Tensor); the checked path then asks _compiling.
+_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _compiling)
+_check_inputs = knobs.check_inputs  # cached by knobs: ~0.1 us per call
+# The knobs' generation (bumped by knobs.override / refresh): run()'s launch path compares it with
+# the generation at which this wrapper last saw FI_CHECK_INPUTS off instead of reading the knob.
+_KNOB_GEN = knobs.GENERATION
+_NO_KEY = object()  # equal to no cache key
 _Tensor = torch.Tensor
 _INT32 = torch.int32
 _CONTIGUOUS = torch.contiguous_format
-# The checked path's capture test (skipped while torch.compile traces, see _run_checked).
+# The checked path's capture test (skipped while torch.compile traces, see _run_checked). The
+# launch path leaves it to the launcher (DecodeFlag kDecodeRefuseCapture).
 _capturing = torch.cuda.is_current_stream_capturing if torch.version.cuda else capturing
+_CAPTURE_MSG = ("run() is being captured into a CUDA graph but this wrapper was built with "
+                "use_cuda_graph=False: its plan() buffers may move. Build it with use_cuda_graph=True "
+                "and fixed paged_kv_*_buffer tensors")
 
 _OCCUPANCY: dict = {}
 # CUDA-graph wrappers run plans of at most one CTA per SM in spread mode (decode_work in
@@ -214,8 +226,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._capacity: Optional[int] = None
         self._planned = False
         self._options: dict = {}  # plan() scalar options -> _Options
-        # The launch path's state, set by a plan() of the CUDA kernel (see _plan_cuda).
+        # The launch path's state, set by a plan() of the CUDA kernel (see _finish_cuda_plan); it is
+        # taken while _fast_gen is the knobs' generation (-1: never).
         self._fast: Optional[tuple] = None
+        self._fast_gen = -1
+        self._kv_packed: tuple = (_NO_KEY, None)  # (cache key, _kv_view numbers) in the argument block
         # Validated caches of the current plan's geometry: signature -> numbers (see _kv_view).
         self._kv_seen: dict = {}
         self._kv_geometry = None
@@ -314,6 +329,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._indices_in = indices
         self._planned = False  # until this plan is complete: a failed one leaves no stale state
         self._fast = None
+        self._fast_gen = -1
         geometry = (o.hkv, o.d, o.ps, o.kv_dtype)
         if geometry != self._kv_geometry:  # caches validated for another geometry must be re-checked
             self._kv_seen = {}
@@ -557,7 +573,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if graph:
             self._warn_if_graph_options_change(o)
         a = self._args
-        a.flags = self._flags = early | PDL | GRID_MERGE
+        a.flags = self._flags = early | PDL | GRID_MERGE | (0 if graph else REFUSE_CAPTURE)
         a.merge_count = self._merge_counters(self._batch * o.hq, graph) if (plan.split or graph) else 0
         a.sched = self._spread_queue(cap * o.kv_units) if graph else 0
         PACK_TABLES(a, OFF_TABLES, *tables, base, base + cap * 16, base + cap * 16 + 16)
@@ -569,9 +585,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._tail = (o.window_left, cap, self._batch if (plan.split or graph) else 0, o.sm_scale)
         PACK_TAIL(a, OFF_TAIL, *self._tail)
         self._mod_launch = launch
-        self._kv_last = None
-        self._fast = (o.q_dtype, self._q_shape, self._dev_index, not graph, self._kv_seen, a,
-                      self._args_addr, launch)
+        self._kv_packed = (_NO_KEY, None)
+        # q and out strides when they are contiguous (is_contiguous() ignores dimensions of size 1,
+        # whose strides address nothing; these are the strides torch.empty_like gives)
+        dense = (o.hq * o.d, o.d, 1)
+        self._fast = (o.q_dtype, self._q_shape, self._dev_index, self._kv_seen, a, self._args_addr, launch, dense)
+        try:
+            self._fast_gen = -1 if _check_inputs() else _KNOB_GEN[0]
+        except ValueError:  # a bad FI_CHECK_INPUTS value: the checked path of run() reports it
+            self._fast_gen = -1
 
     def _warn_if_graph_options_change(self, o: _Options) -> None:
         """A captured graph replays the kernel and the scalar arguments of its capture: a re-plan
@@ -644,34 +666,38 @@ class BatchDecodeWithPagedKVCacheWrapper:
         page tables plan() was given on the device and signals its dependents early)."""
         # The launch path accepts a call only when each check the checked path would make passes,
         # and then never raises an input error itself: declined calls take the checked path.
-        # torch.compile traces only the first test (then the checked path and its custom op).
-        if (not _compiling() and (fast := self._fast) is not None and lse is None and not return_lse
-                and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)
-                and not _check_inputs()):
-            q_dtype, q_shape, dev, no_capture, seen, a, addr, launch = fast
-            c = paged_kv_cache
+        # torch.compile traces only the first test (then the checked path and its custom op). The
+        # capture test of a wrapper built without use_cuda_graph is the launcher's (REFUSE_CAPTURE).
+        if (not _dynamo_compiling() and self._fast_gen == _KNOB_GEN[0] and lse is None and not return_lse
+                and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)):
+            q_dtype, q_shape, dev, seen, a, addr, launch, dense = self._fast
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
                     and (k_scale is None or type(k_scale) is float)
                     and (v_scale is None or type(v_scale) is float)
                     and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape
-                                         and out.get_device() == dev))
-                    and not (no_capture and capturing())):
-                kv = seen.get((c.data_ptr(), c.shape, c.stride(), c.dtype) if type(c) is _Tensor else _cache_key(c))
-                qs = q.stride()
+                                         and out.get_device() == dev))):
+                c = paged_kv_cache
+                key = (c.data_ptr(), c.shape, c.stride(), c.dtype) if type(c) is _Tensor else _cache_key(c)
+                packed = self._kv_packed  # the previous call's cache: its fields are set
+                kv = packed[1] if key == packed[0] else seen.get(key)
                 qp = q.data_ptr()
+                qs = dense if q.is_contiguous() else q.stride()
                 if kv is not None and qs[2] == 1 and not (qp % 16 or qs[0] % 8 or qs[1] % 8):
-                    if out is None:
-                        out = torch.empty_like(q, memory_format=_CONTIGUOUS)
-                    os_ = out.stride()
+                    if out is None:  # contiguous: empty_like(q) keeps the layout of a contiguous q
+                        out = torch.empty_like(q) if qs is dense else torch.empty_like(q, memory_format=_CONTIGUOUS)
+                        os_ = dense
+                    else:
+                        os_ = dense if out.is_contiguous() else out.stride()
                     if os_[2] == 1:
-                        if kv is not self._kv_last:  # the previous call's cache: its fields are set
+                        if kv is not packed[1]:
                             PACK_KV(a, OFF_KV, *kv[0])
-                            self._kv_last = kv
+                            self._kv_packed = (key, kv)
                         PACK_RUN(a, OFF_RUN, qp, qs[0], qs[1], out.data_ptr(), os_[0], os_[1], 0,
-                                 1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
-                        rc = launch(addr, raw_stream(dev))
+                                 1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale,
+                                 raw_stream(dev))
+                        rc = launch(addr)
                         if rc:
-                            raise self._mod.error(rc, "fi_batch_decode")
+                            raise self._launch_error(rc)
                         return out
         return self._run_checked(q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse,
                                  window_left, enable_pdl)
@@ -688,9 +714,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # Under torch.compile the test would run once, at trace time, and dynamo cannot trace the
         # query on every torch build (the CUDA build's GPU-machine torch raised Unsupported there).
         if not self._use_cuda_graph and not _compiling() and _capturing():
-            raise InputError("run() is being captured into a CUDA graph but this wrapper was built "
-                             "with use_cuda_graph=False: its plan() buffers may move. Build it with "
-                             "use_cuda_graph=True and fixed paged_kv_*_buffer tensors")
+            raise InputError(_CAPTURE_MSG)
+        if self._fast is not None and not _check_inputs():  # FI_CHECK_INPUTS is off (again)
+            self._fast_gen = _KNOB_GEN[0]
         if type(q) is not torch.Tensor or q.dtype != self._q_dtype:
             if not isinstance(q, torch.Tensor) or q.dtype != self._q_dtype:
                 raise InputTypeError(f"q must be a {self._q_dtype} tensor (the planned q_data_type), "
@@ -771,12 +797,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.get_device() != self._dev_index:
             raise InputError(f"q is on cuda:{q.get_device()} but the workspace on cuda:{self._dev_index}")
         a = self._args
-        if kv is not self._kv_last:  # the same cache as the previous call: its fields are set
+        if kv is not self._kv_packed[1]:  # the same cache as the previous call: its fields are set
             PACK_KV(a, OFF_KV, *kv[0])
-            self._kv_last = kv
+            self._kv_packed = (_NO_KEY, kv)
         os_ = out.stride()
         PACK_RUN(a, OFF_RUN, qp, qs[0], qs[1], out.data_ptr(), os_[0], os_[1], 0 if lse is None else lse.data_ptr(),
-                 ks, vs)
+                 ks, vs, raw_stream(self._dev_index))
         # This launch only: the fast path's argument block keeps plan()'s window, scale and flags.
         tail = self._tail
         sm_scale = self._sm_scale * sm_mul
@@ -786,13 +812,20 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not pdl:
             a.flags = self._flags & ~PDL
         try:
-            rc = self._mod_launch(self._args_addr, raw_stream(self._dev_index))
+            rc = self._mod_launch(self._args_addr)
         finally:
             if own_tail:
                 PACK_TAIL(a, OFF_TAIL, *tail)
             a.flags = self._flags
         if rc:
-            raise self._mod.error(rc, "fi_batch_decode")
+            raise self._launch_error(rc)
+
+    def _launch_error(self, rc: int) -> Exception:
+        """The error of a launcher's return code: CAPTURE_REFUSED (a stream being captured, for a
+        wrapper built without use_cuda_graph) is the input error the checked path raises."""
+        if rc == CAPTURE_REFUSED and self._flags & REFUSE_CAPTURE:
+            return InputError(_CAPTURE_MSG)
+        return self._mod.error(rc, "fi_batch_decode")
 
     def _check_pages(self, num_pages: int) -> None:
         if self._impl == "cuda":

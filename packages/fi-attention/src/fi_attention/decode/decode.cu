@@ -209,9 +209,9 @@ __global__ void __launch_bounds__(NW * 32) decode_kernel(const Params p) {
 
 }  // namespace
 
-FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
+FI_EXPORT int fi_batch_decode(const DecodeArgs* a) {
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
-  return fi_attn::launch_batch_decode<QT, D>(a, p, decode_kernel, NW * 32, 0, stream);
+  return fi_attn::launch_batch_decode<QT, D>(a, p, decode_kernel, NW * 32, 0);
 }
 
 FI_EXPORT int fi_batch_decode_occupancy(int* blocks_per_sm) {

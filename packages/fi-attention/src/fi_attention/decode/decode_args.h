@@ -1,7 +1,7 @@
 // Host-side argument block of the batch decode launcher. Python fills a ctypes mirror of this
 // struct (fi_attention.decode.launch.DecodeArgs) once per plan() and patches the per-run pointers,
-// so a run() crosses the C ABI with two arguments instead of thirty. Every field is 8 bytes wide,
-// in this order, so both sides agree on the layout without padding rules.
+// so a run() crosses the C ABI with one argument (the block's address) instead of thirty. Every
+// field is 8 bytes wide, in this order, so both sides agree on the layout without padding rules.
 #pragma once
 #include <stdint.h>
 
@@ -10,6 +10,7 @@ struct DecodeArgs {
   int64_t q, q_stride_b, q_stride_h;                 // q [B, Hq, D]
   int64_t out, o_stride_b, o_stride_h, lse;          // lse may be 0
   double k_scale, v_scale;
+  int64_t stream;                                    // cudaStream_t to launch on
   // The cache (packed when run() gets another one):
   int64_t k, k_stride_page, k_stride_tok, k_stride_head;
   int64_t v, v_stride_page, v_stride_tok, v_stride_head;
@@ -38,4 +39,6 @@ enum DecodeFlag : int64_t {
   kDecodeIndicesEarly = 2,  // kv_indices too
   kDecodePdl = 4,           // launch the decode grid with PDL (run(enable_pdl=False) clears it)
   kDecodeGridMerge = 8,     // split requests merged by their last item (merge_in_grid): no merge kernel
+  kDecodeRefuseCapture = 16,  // a wrapper built without use_cuda_graph: launching into a stream that is
+                              // being captured returns cudaErrorStreamCaptureUnsupported, nothing queued
 };

@@ -607,9 +607,22 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // of the time): b1 x 32768 x1.037, b1 x 8192 x1.090, b16 x 8192 x1.015; b64 / b128 (unsplit) and
 // fp8 b128 (a 536 us step) x0.997-1.000. The merge in the grid (session 17,
 // decode_ab_grid_merge_session17.json): x1.01-1.04 on small split batches, x0.997-1.002 on b16 and fp8.
+//
+// A wrapper built without use_cuda_graph sets kDecodeRefuseCapture: its plan() buffers move with the
+// next plan, so a launch into a stream being captured returns cudaErrorStreamCaptureUnsupported
+// before anything is queued (run() turns it into an InputError). The test costs ~60 ns here,
+// where torch's capture query cost run() ~330 ns of Python on the H200 host
+// (hostprobe_session21.json).
 template <typename QT, int D, typename Kernel, typename P>
-inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem,
-                               cudaStream_t stream) {
+inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem) {
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(a->stream);
+  if (a->flags & kDecodeRefuseCapture) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FI_TRY(cudaStreamIsCapturing(stream, &status));
+    if (status != cudaStreamCaptureStatusNone) return int(cudaErrorStreamCaptureUnsupported);
+  }
+  int dev = 0;
+  FI_TRY(cudaGetDevice(&dev));
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
     // A grid of at most one CTA per SM is launched so that no SM holds two (fi::one_cta_per_sm_smem):
@@ -619,9 +632,9 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
     // x1.21. A CUDA-graph wrapper's grid is its capacity (mostly idle CTAs) and is not affected:
     // its plans of at most one CTA per SM run in spread mode instead (see decode_work).
     // FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
-    const int launch_smem = FI_DECODE_SPREAD ? fi::one_cta_per_sm_smem(grid, smem) : smem;
-    FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem));
-    if ((a->flags & kDecodePdl) && fi::pdl_supported()) {
+    const int launch_smem = FI_DECODE_SPREAD ? fi::one_cta_per_sm_smem(grid, smem, dev) : smem;
+    FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem, dev));
+    if ((a->flags & kDecodePdl) && fi::pdl_supported(dev)) {
       FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(launch_smem), stream, p));
     } else {
       kernel<<<grid, threads, launch_smem, stream>>>(p);

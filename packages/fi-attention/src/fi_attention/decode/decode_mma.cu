@@ -616,13 +616,13 @@ __global__ void __launch_bounds__(NW * 32, CTAS_PER_SM) decode_mma_kernel(const 
 
 }  // namespace
 
-FI_EXPORT int fi_batch_decode(const DecodeArgs* a, cudaStream_t stream) {
+FI_EXPORT int fi_batch_decode(const DecodeArgs* a) {
   constexpr int64_t kMax32 = (int64_t(1) << 31) - 1;  // row_off's 32-bit strides (Python checks too)
   if (a->k_stride_page > kMax32 || a->k_stride_tok > kMax32 || a->v_stride_page > kMax32 ||
       a->v_stride_tok > kMax32)
     return int(cudaErrorInvalidValue);
   const Params p = fi_attn::make_params<QT, KVT>(a, SOFTCAP, GH);
-  return fi_attn::launch_batch_decode<QT, D>(a, p, decode_mma_kernel, NW * 32, SMEM_BYTES, stream);
+  return fi_attn::launch_batch_decode<QT, D>(a, p, decode_mma_kernel, NW * 32, SMEM_BYTES);
 }
 
 #if FI_DECODE_TRACE

@@ -48,7 +48,14 @@ import torch
 from fi_core import Arch
 from fi_core.errors import CudaError
 
-from .launch import DecodeArgs
+from . import launch as _launch
+
+DecodeArgs = _launch.DecodeArgs
+# The launcher ABI of the tree this module runs in (tools/host_overhead.py --baseline loads it into
+# older trees): fi_batch_decode(args) with the stream in the block, or (args, stream) before.
+_ONE_ARG = any(name == "stream" for name, _ in DecodeArgs._fields_)
+REFUSE_CAPTURE = getattr(_launch, "REFUSE_CAPTURE", 0)
+CAPTURE_REFUSED = getattr(_launch, "CAPTURE_REFUSED", 900)
 
 try:
     from .spec import PLAN_DECODE_ARGS
@@ -62,8 +69,9 @@ except ImportError:  # a tree from before the staged planner
 FAKE_STREAM = 0x5E5
 SM_COUNT, CTAS_PER_SM = 132, 2  # an H200 with the tensor-core decode kernel (the ring: 2 per SM)
 
-_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-_NOOP_C = "int fi_batch_decode(const void* a, void* s) { (void)a; (void)s; return 0; }\n"
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * (1 if _ONE_ARG else 2))
+_NOOP_C = ("int fi_batch_decode(const void* a) { (void)a; return 0; }\n" if _ONE_ARG else
+           "int fi_batch_decode(const void* a, void* s) { (void)a; (void)s; return 0; }\n")
 
 
 def _host_library(compilers: tuple, flags: list, source: str, name: str) -> Optional[ctypes.CDLL]:
@@ -80,8 +88,8 @@ def _host_library(compilers: tuple, flags: list, source: str, name: str) -> Opti
 
 
 def native_noop() -> Optional[ctypes._CFuncPtr]:
-    """``int fi_batch_decode(const void*, void*)`` returning 0, compiled with ``cc``; None
-    without a compiler."""
+    """``int fi_batch_decode(const void*)`` (older trees: ``(const void*, void*)``) returning 0,
+    compiled with ``cc``; None without a compiler."""
     with tempfile.TemporaryDirectory(prefix="fi-hostsim-") as d:
         src = os.path.join(d, "noop.c")
         with open(src, "w") as f:
@@ -90,7 +98,7 @@ def native_noop() -> Optional[ctypes._CFuncPtr]:
     if lib is None:
         return None
     fn = lib.fi_batch_decode
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p] * (1 if _ONE_ARG else 2)
     return fn
 
 
@@ -169,7 +177,9 @@ class HostSim:
         self.device_memory = device_memory
         self.launches: list = []  # (DecodeArgs copy, stream) per launch, launcher="record" only
         self.counts = {"event_record": 0, "event_sync": 0, "stream_lookup": 0, "table_copies": 0}
-        self.capturing = False  # what the stream-capture query answers
+        # What the stream-capture query answers; the recording launcher then refuses a launch that
+        # has DecodeArgs.flags REFUSE_CAPTURE, as the real one does.
+        self.capturing = False
         self.return_code = 0  # what the recording launcher returns
         self._record_fn = _LAUNCH(self._record)
         launch = native_noop() if launcher == "noop" else None
@@ -179,9 +189,11 @@ class HostSim:
         self._saved: list = []
 
     # ---- stand-ins ----------------------------------------------------------------------
-    def _record(self, args_addr, stream) -> int:
+    def _record(self, args_addr, stream=None) -> int:
         args = DecodeArgs.from_buffer_copy(ctypes.string_at(args_addr, ctypes.sizeof(DecodeArgs)))
-        self.launches.append((args, stream))
+        if self.capturing and args.flags & REFUSE_CAPTURE:
+            return CAPTURE_REFUSED
+        self.launches.append((args, args.stream if stream is None else stream))
         return self.return_code
 
     def _copy_tables(self, d0, s0, n0, d1, s1, n1, d2, s2, n2, stream) -> int:

@@ -1,7 +1,8 @@
 """The ctypes mirror of decode_args.h and the launch of the decode module.
 
-run() fills a prebuilt argument block and calls the launcher with its address: two C arguments
-instead of thirty keep the host cost of a decode step in the low microseconds. It writes runs of
+run() fills a prebuilt argument block, the stream included, and calls the launcher with its
+address: one C argument instead of thirty keeps the host cost of a decode step in the low
+microseconds (each ctypes argument costs ~60 ns). It writes runs of
 adjacent fields with one struct.pack_into each (about 70 ns for up to eight fields, where a
 ctypes attribute write costs about 35 ns per field).
 """
@@ -23,7 +24,7 @@ except AttributeError:  # pragma: no cover - CPU-only torch builds
 _I, _D = ctypes.c_int64, ctypes.c_double
 # struct DecodeArgs (decode_args.h), field for field: what run() sets, the cache, what plan() sets.
 _FIELDS = ([(n, _I) for n in ("q", "q_stride_b", "q_stride_h", "out", "o_stride_b", "o_stride_h", "lse")]
-           + [("k_scale", _D), ("v_scale", _D)]
+           + [("k_scale", _D), ("v_scale", _D), ("stream", _I)]
            + [(n, _I) for n in ("k", "k_stride_page", "k_stride_tok", "k_stride_head",
                                 "v", "v_stride_page", "v_stride_tok", "v_stride_head",
                                 "kv_indptr", "kv_indices", "kv_last_page_len", "work", "num_work", "merge_indptr",
@@ -39,6 +40,10 @@ TABLES_EARLY = 1   # kv_indptr and kv_last_page_len
 INDICES_EARLY = 2  # kv_indices
 PDL = 4
 GRID_MERGE = 8  # split requests merged by their last work item: no merge kernel
+# A wrapper built without use_cuda_graph: the launcher refuses a stream that is being captured
+# (returns CAPTURE_REFUSED, queues nothing).
+REFUSE_CAPTURE = 16
+CAPTURE_REFUSED = 900  # cudaErrorStreamCaptureUnsupported
 
 
 class DecodeArgs(ctypes.Structure):
@@ -55,8 +60,8 @@ def _fields(first: str, count: int) -> tuple:
     return struct.Struct("=" + fmt).pack_into, getattr(DecodeArgs, first).offset
 
 
-# q, q_stride_b, q_stride_h, out, o_stride_b, o_stride_h, lse, k_scale, v_scale: one run()
-PACK_RUN, OFF_RUN = _fields("q", 9)
+# q, q_stride_b, q_stride_h, out, o_stride_b, o_stride_h, lse, k_scale, v_scale, stream: one run()
+PACK_RUN, OFF_RUN = _fields("q", 10)
 PACK_KV, OFF_KV = _fields("k", 8)  # k, its page/token/head strides, v, its strides
 # window_left, grid_items, merge_batch, sm_scale: written by plan(), and by a run() that overrides
 # window_left or q_scale (which puts plan()'s values back after its launch)

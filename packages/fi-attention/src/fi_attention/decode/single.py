@@ -166,7 +166,8 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     if part is not None and not capturing():  # a split merged in the grid (see _stream_counters)
         a.flags |= GRID_MERGE
         a.merge_count = _stream_counters(idx, stream, hq)
-    rc = launch(ctypes.addressof(a), stream)
+    a.stream = stream
+    rc = launch(ctypes.addressof(a))
     if rc:
         raise mod.error(rc, "fi_batch_decode")
 

@@ -84,7 +84,7 @@ def _decode_module(kind: str, source: str, q_dtype: torch.dtype, kv_dtype: torch
         arch=arch,
         defines={"FI_Q": cuda_type(q_dtype), "FI_KV": cuda_type(kv_dtype), "FI_HEAD_DIM": head_dim,
                  "FI_GH": gh, "FI_POS": pos, "FI_SOFTCAP": int(soft_cap), **extra},
-        entries=(Entry("fi_batch_decode", ("ptr", "stream")),
+        entries=(Entry("fi_batch_decode", ("ptr",)),
                  Entry("fi_batch_decode_occupancy", ("ptr",)),
                  Entry("fi_plan_decode", PLAN_DECODE_ARGS),
                  Entry("fi_plan_decode_staged", PLAN_DECODE_STAGED_ARGS),

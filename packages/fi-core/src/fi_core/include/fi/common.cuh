@@ -39,12 +39,9 @@ FI_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 // minus the kernel's static shared memory (a 48 KB ring beside 16 bytes of static variables failed
 // to launch with cudaErrorInvalidValue), and a lower one would fail other launches of the kernel.
 template <typename Kernel>
-inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes, int dev) {
   if (bytes <= 0) return cudaSuccess;
   bytes = bytes < 48 * 1024 ? 48 * 1024 : bytes;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
   struct Raised { const void* kernel; int device; int bytes; };
   static Raised raised[64];
   static int count = 0;
@@ -53,9 +50,18 @@ inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < count; ++i)
     if (raised[i].kernel == fn && raised[i].device == dev && raised[i].bytes >= bytes) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && count < 64) raised[count++] = {fn, dev, bytes};
   return err;
+}
+
+// The same on the current device. Launchers that make several of these queries per launch read
+// the device once (cudaGetDevice, ~40 ns on the H200 host) and pass it to the `dev` forms.
+template <typename Kernel>
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
+  int dev = 0;
+  const cudaError_t err = cudaGetDevice(&dev);
+  return err != cudaSuccess ? err : set_max_dynamic_smem(kernel, bytes, dev);
 }
 
 // Programmatic dependent launch (PDL; sm_90+, no-ops below). A kernel launched with
@@ -88,18 +94,21 @@ FI_DEVICE unsigned sm_id_count() {
   return n;
 }
 
-// Whether the current device has programmatic dependent launch (compute capability 9.0+), read
-// from the runtime once per device.
-inline bool pdl_supported() {
+// Whether device `dev` has programmatic dependent launch (compute capability 9.0+), read from the
+// runtime once per device; pdl_supported() asks about the current device.
+inline bool pdl_supported(int dev) {
   static int cached[64] = {0};  // 0: not read yet; else major + 1 (benign race: same value)
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (dev < 0 || dev >= 64) return false;
   if (cached[dev] == 0) {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     cached[dev] = major + 1;
   }
   return cached[dev] - 1 >= 9;
+}
+inline bool pdl_supported() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && pdl_supported(dev);
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (PDL): the
@@ -122,13 +131,11 @@ inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-// An attribute of the current device, read from the runtime once per (attribute, device);
-// `fallback` where the runtime reports none.
+// An attribute of device `dev`, read from the runtime once per (attribute, device); `fallback`
+// where the runtime reports none. The forms without `dev` ask about the current device.
 template <cudaDeviceAttr Attr>
-inline int cached_device_attribute(int fallback) {
+inline int cached_device_attribute(int fallback, int dev) {
   static int cached[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
   if (cached[dev] == 0) {
     int n = 0;
@@ -137,11 +144,21 @@ inline int cached_device_attribute(int fallback) {
   }
   return cached[dev];
 }
+template <cudaDeviceAttr Attr>
+inline int cached_device_attribute(int fallback) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return cached_device_attribute<Attr>(fallback, dev);
+}
 
-// Number of SMs of the current device (never a literal).
+// Number of SMs of a device (never a literal).
+inline int sm_count(int dev) { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(1, dev); }
 inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(1); }
 
-// Shared memory per SM of the current device in bytes (228 KB on sm_90).
+// Shared memory per SM of a device in bytes (228 KB on sm_90).
+inline int smem_per_sm(int dev) {
+  return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(48 * 1024, dev);
+}
 inline int smem_per_sm() { return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(48 * 1024); }
 
 // Dynamic shared memory to launch a grid of `grid` CTAs with, each needing `smem` bytes, so that
@@ -149,10 +166,10 @@ inline int smem_per_sm() { return cached_device_attribute<cudaDevAttrMaxSharedMe
 // grid fits one CTA per SM and the kernel needs less, else `smem`. Without it the scheduler packs
 // CTAs two to an SM wherever a slot is free (under PDL the next grid's CTAs fill the slots the
 // previous grid leaves) while other SMs idle. Callers raise the kernel's limit to the result
-// (set_max_dynamic_smem).
-inline int one_cta_per_sm_smem(unsigned grid, int smem) {
-  if (grid > unsigned(sm_count())) return smem;
-  const int half = smem_per_sm() / 2;
+// (set_max_dynamic_smem). `dev` is the device the grid launches on.
+inline int one_cta_per_sm_smem(unsigned grid, int smem, int dev) {
+  if (grid > unsigned(sm_count(dev))) return smem;
+  const int half = smem_per_sm(dev) / 2;
   return half > smem ? half : smem;
 }
 
