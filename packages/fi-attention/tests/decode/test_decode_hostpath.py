@@ -725,3 +725,27 @@ def test_torch_compile_traces_the_custom_op_with_the_launch_path_armed(sim):
     f(q, cache)
     assert len(sim.launches) == n + 2
     assert (sim.launches[-1][0].k, sim.launches[-1][0].q) == (cache.data_ptr(), q.data_ptr())
+
+
+def test_check_inputs_toggles_the_launch_path_by_the_knobs_generation(sim):
+    """The launch path runs while _fast_gen is the knobs' generation: FI_CHECK_INPUTS on (at plan()
+    or later) sends every call to the checked path, and the first checked call after it is off
+    again re-arms the launch path."""
+    indptr, indices, last = tables([300, 40])
+    w = sim.wrapper()
+    cache = cache_for(indices)
+    q = torch.zeros(2, HQ, D, dtype=BF16)
+    with knobs.override(FI_CHECK_INPUTS="1"):
+        w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
+        assert w._fast_gen == -1
+        w.run(q, cache)
+        assert w._fast_gen == -1
+    w.run(q, cache)  # checks off again: this checked call re-arms the launch path
+    assert w._fast_gen == knobs.GENERATION[0]
+    with knobs.override(FI_CHECK_INPUTS="1"):
+        assert w._fast_gen != knobs.GENERATION[0]  # the override moved the generation
+        bad = cache_for(indices)[:1]  # one page: the planned page ids point past it
+        with pytest.raises(InputError, match="page indices"):
+            w.run(q, bad)
+    w.run(q, cache)
+    assert w._fast_gen == knobs.GENERATION[0]
