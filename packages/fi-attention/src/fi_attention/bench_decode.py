@@ -89,9 +89,7 @@ def _host_times(dev) -> dict:
         times[key], times[key + "_min"] = round(med, 2), round(low, 2)
     # A serving step: one plan, then run() once per layer, each with its own cache (32 here, in turn):
     # every call packs another cache's fields, which the rows above (one cache) skip.
-    caches = [cache] + [torch.empty_like(cache) for _ in range(31)]
-    for c in caches[1:]:
-        c.copy_(cache)
+    caches = [cache] + [cache.clone() for _ in range(31)]
     turn = itertools.cycle(caches)
     med, low, _ = time_host_stats(lambda: w.run(q, next(turn), out=out), iters=512, warmup=64, batches=7)
     times["run_host_us_layers32"], times["run_host_us_layers32_min"] = round(med, 2), round(low, 2)

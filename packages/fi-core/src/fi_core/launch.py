@@ -55,6 +55,11 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+# What a launcher returns when it refuses a stream that is being captured (fi::refuse_capture in
+# fi/common.cuh): cudaErrorStreamCaptureUnsupported.
+CAPTURE_REFUSED = 900
+
+
 def is_capturing() -> bool:
     """Whether the current stream is being captured into a CUDA graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

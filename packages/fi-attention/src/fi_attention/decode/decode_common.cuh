@@ -609,18 +609,12 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // decode_ab_grid_merge_session17.json): x1.01-1.04 on small split batches, x0.997-1.002 on b16 and fp8.
 //
 // A wrapper built without use_cuda_graph sets kDecodeRefuseCapture: its plan() buffers move with the
-// next plan, so a launch into a stream being captured returns cudaErrorStreamCaptureUnsupported
-// before anything is queued (run() turns it into an InputError). The test costs ~60 ns here,
-// where torch's capture query cost run() ~330 ns of Python on the H200 host
-// (hostprobe_session21.json).
+// next plan, so a launch into a stream being captured is refused (fi::refuse_capture) before
+// anything is queued; run() turns the code into an InputError.
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem) {
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(a->stream);
-  if (a->flags & kDecodeRefuseCapture) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    FI_TRY(cudaStreamIsCapturing(stream, &status));
-    if (status != cudaStreamCaptureStatusNone) return int(cudaErrorStreamCaptureUnsupported);
-  }
+  if (a->flags & kDecodeRefuseCapture) FI_TRY(fi::refuse_capture(stream));
   int dev = 0;
   FI_TRY(cudaGetDevice(&dev));
   if (a->grid_items > 0) {

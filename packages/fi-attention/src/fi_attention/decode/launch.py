@@ -14,7 +14,7 @@ import struct
 
 import torch
 
-from fi_core.launch import capturing, current_stream  # noqa: F401  (capturing: re-exported for run())
+from fi_core.launch import CAPTURE_REFUSED, capturing, current_stream  # noqa: F401  (re-exported for run())
 
 try:  # the raw cudaStream_t of torch's current stream, without building a Stream object
     raw_stream = torch._C._cuda_getCurrentRawStream  # type: ignore[attr-defined]
@@ -41,9 +41,8 @@ INDICES_EARLY = 2  # kv_indices
 PDL = 4
 GRID_MERGE = 8  # split requests merged by their last work item: no merge kernel
 # A wrapper built without use_cuda_graph: the launcher refuses a stream that is being captured
-# (returns CAPTURE_REFUSED, queues nothing).
+# (returns fi_core.launch.CAPTURE_REFUSED, queues nothing).
 REFUSE_CAPTURE = 16
-CAPTURE_REFUSED = 900  # cudaErrorStreamCaptureUnsupported
 
 
 class DecodeArgs(ctypes.Structure):

@@ -131,6 +131,18 @@ inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+// cudaErrorStreamCaptureUnsupported when `stream` is being captured into a CUDA graph, else
+// cudaSuccess (or the query's error): a launcher whose arguments point at buffers that later calls
+// replace refuses capture with it before queueing anything. ~60 ns, where torch's Python query
+// costs ~330 ns per call on the H200 host (benchmarks/results/h200/hostprobe_session21.json).
+// Python sees the code as fi_core.launch.CAPTURE_REFUSED.
+inline cudaError_t refuse_capture(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err != cudaSuccess) return err;
+  return status == cudaStreamCaptureStatusNone ? cudaSuccess : cudaErrorStreamCaptureUnsupported;
+}
+
 // An attribute of device `dev`, read from the runtime once per (attribute, device); `fallback`
 // where the runtime reports none. The forms without `dev` ask about the current device.
 template <cudaDeviceAttr Attr>
