@@ -209,8 +209,16 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
     pages_per = [-(-(kv_ind[i + 1] - kv_ind[i]) // page_size) for i in range(batch)]
     total = sum(pages_per) + 3
     perm = torch.randperm(total, generator=testing.generator(seed))[:sum(pages_per)]
-    shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
+    shape = (total, 2, hkv, page_size, d) if layout == "HND" else (total, 2, page_size, hkv, d)
     cache = testing.randn(shape, q.dtype, dev, seed=seed + 99)  # spare/tail slots hold junk, not 0
+    if layout == "NHD_pad":
+        # pages 64 elements apart beyond their size: a page stride that is no multiple of the head
+        # stride (nor of the token stride)
+        ps = 2 * page_size * hkv * d + 64
+        flat = torch.empty(total * ps, dtype=q.dtype, device=dev)
+        padded = flat.as_strided(shape, (ps, page_size * hkv * d, hkv * d, d, 1))
+        padded.copy_(cache)
+        cache = padded
     kv_indptr, indices, last = [0], [], []
     p = 0
     for i in range(batch):
@@ -220,7 +228,7 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
             p += 1
             indices.append(page)
             lo, hi = kv_ind[i] + j * page_size, min(kv_ind[i] + (j + 1) * page_size, kv_ind[i + 1])
-            if layout == "NHD":
+            if layout != "HND":
                 cache[page, 0, :hi - lo] = k[lo:hi]
                 cache[page, 1, :hi - lo] = v[lo:hi]
             else:
@@ -229,7 +237,7 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
         kv_indptr.append(len(indices))
         last.append(n - (pages_per[i] - 1) * page_size if n else 0)
     kc, vc = cache[:, 0], cache[:, 1]
-    if layout == "NHD":
+    if layout != "HND":
         ks, vs = (kc.stride(0), kc.stride(1), kc.stride(2)), (vc.stride(0), vc.stride(1), vc.stride(2))
     else:
         ks, vs = (kc.stride(0), kc.stride(2), kc.stride(1)), (vc.stride(0), vc.stride(2), vc.stride(1))
@@ -343,11 +351,21 @@ def test_sliding_window(lq, lkv, window, causal):
 @pytest.mark.gpu
 @pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("page_size, layout", [(16, "NHD"), (8, "HND"), (64, "NHD"), (256, "NHD")])
+@pytest.mark.parametrize("page_size, layout", [(16, "NHD"), (8, "HND"), (64, "NHD"), (256, "NHD"), (128, "HND"),
+                                               (16, "NHD_pad"), (256, "NHD_pad")])
 def test_paged(page_size, layout, causal):
     _needs_sm90()
     _check([1, 7, 300, 129, 1000], [1, 100, 300, 777, 1000], causal=causal, page_size=page_size,
            layout=layout, seed=29)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("d, page_size, layout", [(64, 16, "NHD"), (64, 128, "HND"), (256, 16, "NHD"),
+                                                  (256, 80, "HND")])
+def test_paged_other_head_dims(d, page_size, layout):
+    _needs_sm90()
+    _check([7, 300, 1000], [100, 777, 1000], causal=True, d=d, page_size=page_size, layout=layout, seed=41)
 
 
 def test_paged_page_size_rule():
