@@ -5,7 +5,8 @@
 //            (2 at d=256), walking the KV tiles from the last to the first so the masked tiles
 //            come first); paged K/V: one thread per warp, each issuing a share of the pages. K
 //            and V stages have their own "empty" barriers (see SharedStorage).
-//   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma SS (both from smem), P = softmax
+//   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma RS at d = 128 (Q copied into
+//            registers once per tile, see kQInRegs) or SS (d = 64, 256: both from smem), P = softmax
 //            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
 //            transposed from smem through an MN-major descriptor).
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
@@ -138,8 +139,20 @@ using SmemLayoutVt = decltype(composition(
     SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 
+// d = 128: Q K^T is an RS wgmma with Q copied into registers (ldmatrix, 32 per consumer thread) at
+// the start of each tile, instead of SS re-reading Q from shared memory for every KV tile (16 of
+// the 80 KB of wgmma operand reads per warpgroup and KV tile); the Q buffer is released right
+// after the copy, so the next tile's Q loads a whole tile ahead. The kernel is power-bound (the
+// H200 holds its 700 W cap with the SM clock at ~1585 MHz, benchmarks/notes.md session 22): fewer
+// shared-memory reads per FLOP is what can raise its rate. tools/ab_fa3.py in turns against SS
+// (prefill_fa3_ab_session22_q_in_registers.json, paired medians of 11 rounds): single 16k x1.006,
+// 4k x1.002, ragged 16 x 2048 x1.005, paged x1.015. FI_FA3_VARIANT bit 64 flips it (SS at d = 128,
+// RS at d = 64, which was not measured and keeps SS by default).
+constexpr bool kQInRegs = kHeadDim <= 128 && ((kHeadDim == 128) != ((FI_FA3_VARIANT & 64) != 0));
+using QKShape = Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>;
 using TiledMmaQK = decltype(make_tiled_mma(
-    GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>>(),
+    std::conditional_t<kQInRegs, decltype(GMMA::rs_op_selector<Element, Element, float, QKShape>()),
+                       decltype(GMMA::ss_op_selector<Element, Element, float, QKShape>())>{},
     Layout<Shape<_2, _1, _1>>{}));
 using TiledMmaPV = decltype(make_tiled_mma(
     GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM / 2>, Int<kHeadDim>, Int<kBlockN>>,
@@ -175,7 +188,8 @@ struct alignas(1024) SharedStorage {
   Element k[kStages * kBlockN * kHeadDim];
   Element v[kStages * kBlockN * kHeadDim];
   uint64_t bar_q;    // Q of the current tile landed
-  uint64_t empty_q;  // consumers finished the current tile's last Q K^T: the next Q may load
+  uint64_t empty_q;  // consumers are done with the current Q (copied to registers, or the tile's
+                     // last Q K^T issued and complete): the next Q may load
   uint64_t full_k[kStages];
   uint64_t full_v[kStages];
   // K and V stages are released separately: K(n) is free as soon as S(n) = Q K(n)^T completes
@@ -408,8 +422,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
       int q_it = 0;   // tiles published so far
       // The single Q buffer (and so the next descriptor slot) is free once both consumer
-      // warpgroups finished the previous tile's last Q K^T; this overlaps the Q load with their
-      // last P V and epilogue.
+      // warpgroups are done with the previous tile's Q: at its start with kQInRegs (the Q load
+      // overlaps that whole tile), else after its last Q K^T (the load overlaps their last P V
+      // and epilogue). Either way the slot written next held the tile before the previous one,
+      // which both warpgroups finished before they released the previous tile's Q.
       auto publish = [&](int kind, const Tile& w) {
         mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
         int* d = ss.tiles[q_it & 1];
@@ -547,7 +563,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   Tensor sQ = make_tensor(make_smem_ptr(ss.q), SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k), SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v), SmemLayoutVt{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (SS) or registers (kQInRegs)
+  auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
+  auto q_thr = q_copy.get_thread_slice(tid);
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (mma, n, k, stage)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (mma, d, k, stage)
 
@@ -680,16 +698,22 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
 
     float rescale[2];  // the O factor of the latest softmax
+    if constexpr (kQInRegs) {
+      Tensor tQs = q_thr.partition_S(sQ);
+      Tensor tQr = q_thr.retile_D(tSrQ);
+      cute::copy(q_copy, tQs, tQr);
+      mbar_arrive(&ss.empty_q);  // Q is in registers: the next tile's Q may load
+    }
     {
       const int s = kv_it % kStages;
       mbar_wait(&ss.full_k[s], (kv_it / kStages) & 1);
       sched_sync();
-      gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s), tSrS);
+      gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, s), tSrS);
       sched_arrive();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       mbar_arrive(&ss.empty_k[s]);
-      if (n == n_start) mbar_arrive(&ss.empty_q);  // that was this tile's last Q K^T
+      if (!kQInRegs && n == n_start) mbar_arrive(&ss.empty_q);  // that was this tile's last Q K^T
       if (kSoftcap) apply_softcap();
       mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
       softmax(rescale);  // O is still zero: its factor is applied to nothing
@@ -702,14 +726,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       mbar_wait(&ss.full_k[s_next], ((kv_it + 1) / kStages) & 1);
       mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
       sched_sync();
-      gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+      gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
       // ... O += P(n) V(n) is queued behind it.
       gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
       sched_arrive();
       warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
       warpgroup_fence_operand(tSrS);
       mbar_arrive(&ss.empty_k[s_next]);
-      if (n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
+      if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
       if (kSoftcap) apply_softcap();
       if (needs_mask(n - 1)) mask_tile(n - 1);
       softmax(rescale);
