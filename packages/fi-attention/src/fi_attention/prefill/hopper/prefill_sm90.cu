@@ -564,8 +564,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   Tensor sK = make_tensor(make_smem_ptr(ss.k), SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v), SmemLayoutVt{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (SS) or registers (kQInRegs)
-  auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
-  auto q_thr = q_copy.get_thread_slice(tid);
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (mma, n, k, stage)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (mma, d, k, stage)
 
@@ -699,6 +697,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 
     float rescale[2];  // the O factor of the latest softmax
     if constexpr (kQInRegs) {
+      auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
+      auto q_thr = q_copy.get_thread_slice(tid);
       Tensor tQs = q_thr.partition_S(sQ);
       Tensor tQr = q_thr.retile_D(tSrQ);
       cute::copy(q_copy, tQs, tQr);
