@@ -9,9 +9,10 @@ them alike.
     python3 tools/ab_fa3.py [--rounds 7] [--cases single8k,single16k,ragged,paged] BUILD ...
 
 Cases (GQA 32/8, bf16, causal unless named full): single2k / single4k / single8k / single16k, full4k,
-single4k_d256 (head_dim 256), ragged (16 x 2048), paged (the same batch, page 16, pages in random
-order), paged_seq (page 16, pages in order), paged128 (page 128, random order),
-paged128_ragged_layout (page 128, pages in order, K and V in two tensors: ragged's addresses).
+single4k_d256 (head_dim 256), single4k_d64 / single16k_d64 (head_dim 64), ragged (16 x 2048),
+paged (the same batch, page 16, pages in random order), paged_seq (page 16, pages in order),
+paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in order, K and V in two
+tensors: ragged's addresses).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
 another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git show``). ``--build-only``
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -67,11 +69,17 @@ def specs_for(build: str, arch, names) -> list:
     make = spec_factory(build)
     bf16 = torch.bfloat16
     need = {"full": any(n.startswith("full") for n in names),
-            "causal": any(n.startswith("single") and not n.endswith("_d256") or n == "ragged" for n in names),
-            "paged": any(n.startswith("paged") for n in names),
-            "d256": any(n.endswith("_d256") for n in names)}
+            "causal": any(n.startswith("single") and _head_dim(n) == D or n == "ragged" for n in names),
+            "paged": any(n.startswith("paged") for n in names)}
+    other_dims = sorted({_head_dim(n) for n in names} - {D})
     return ([make(bf16, D, True, arch)] * need["causal"] + [make(bf16, D, False, arch)] * need["full"]
-            + [make(bf16, D, True, arch, paged=True)] * need["paged"] + [make(bf16, 256, True, arch)] * need["d256"])
+            + [make(bf16, D, True, arch, paged=True)] * need["paged"] + [make(bf16, d, True, arch) for d in other_dims])
+
+
+def _head_dim(name: str) -> int:
+    """single4k_d256 -> 256, single4k_d64 -> 64; every other case runs head_dim D."""
+    m = re.search(r"_d(\d+)$", name)
+    return int(m.group(1)) if m else D
 
 
 def cases(names, dev):
@@ -82,12 +90,12 @@ def cases(names, dev):
     i32 = dict(dtype=torch.int32, device=dev)
     bf16 = torch.bfloat16
     for name in names:
-        # single4k_d256: head_dim 256
+        # single4k_d256 / single4k_d64 / single16k_d64: head_dim 256 / 64
         singles = {"single2k": 2048, "single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096,
-                   "single4k_d256": 4096}
+                   "single4k_d256": 4096, "single4k_d64": 4096, "single16k_d64": 16384}
         if name in singles:
             L = singles[name]
-            d = 256 if name.endswith("_d256") else D
+            d = _head_dim(name)
             causal = not name.startswith("full")
             q = testing.randn((L, HQ, d), bf16, dev, seed=1)
             k = testing.randn((L, HKV, d), bf16, dev, seed=2)
