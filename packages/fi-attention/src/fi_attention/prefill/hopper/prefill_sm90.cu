@@ -5,8 +5,8 @@
 //            (2 at d=256), walking the KV tiles from the last to the first so the masked tiles
 //            come first); paged K/V: one thread per warp, each issuing a share of the pages. K
 //            and V stages have their own "empty" barriers (see SharedStorage).
-//   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma RS at d = 128 (Q copied into
-//            registers once per tile, see kQInRegs) or SS (d = 64, 256: both from smem), P = softmax
+//   WG1, WG2 consumers: each owns 64 query rows. S = Q K^T with wgmma RS at d = 64, 128 (Q copied
+//            into registers once per tile, see kQInRegs) or SS (d = 256: both from smem), P = softmax
 //            in fp32 registers, O += P V with wgmma RS (P converted to 16-bit in registers, V read
 //            transposed from smem through an MN-major descriptor).
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
@@ -139,16 +139,18 @@ using SmemLayoutVt = decltype(composition(
     SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 
-// d = 128: Q K^T is an RS wgmma with Q copied into registers (ldmatrix, 32 per consumer thread) at
-// the start of each tile, instead of SS re-reading Q from shared memory for every KV tile (16 of
-// the 80 KB of wgmma operand reads per warpgroup and KV tile); the Q buffer is released right
-// after the copy, so the next tile's Q loads a whole tile ahead. The kernel is power-bound (the
-// H200 holds its 700 W cap with the SM clock at ~1585 MHz, benchmarks/notes.md session 22): fewer
-// shared-memory reads per FLOP is what can raise its rate. tools/ab_fa3.py in turns against SS
-// (prefill_fa3_ab_session22_q_in_registers.json, paired medians of 11 rounds): single 16k x1.006,
-// 4k x1.002, ragged 16 x 2048 x1.005, paged x1.015. FI_FA3_VARIANT bit 64 flips it (SS at d = 128,
-// RS at d = 64, which was not measured and keeps SS by default).
-constexpr bool kQInRegs = kHeadDim <= 128 && ((kHeadDim == 128) != ((FI_FA3_VARIANT & 64) != 0));
+// d = 64 and 128: Q K^T is an RS wgmma with Q copied into registers (ldmatrix; 32 per consumer
+// thread at d = 128) at the start of each tile, instead of SS re-reading Q from shared memory for
+// every KV tile (at d = 128, 16 of the 80 KB of wgmma operand reads per warpgroup and KV tile); the
+// Q buffer is released right after the copy, so the next tile's Q loads a whole tile ahead. The
+// kernel is power-bound (the H200 holds its 700 W cap with the SM clock at ~1585 MHz,
+// benchmarks/notes.md session 22): fewer shared-memory reads per FLOP is what can raise its rate.
+// tools/ab_fa3.py in turns against SS (paired medians of 11 rounds): d = 128 single 16k x1.006,
+// 4k x1.002, ragged 16 x 2048 x1.005, paged x1.015 (prefill_fa3_ab_session22_q_in_registers.json);
+// d = 64 single 4k / 16k x1.017 / x1.019 (prefill_fa3_ab_session23_d64_q_in_registers.json).
+// d = 256 keeps SS (its consumers sit at the 240-register limit). FI_FA3_VARIANT bit 64: SS at
+// d = 64 and 128, for A/B runs.
+constexpr bool kQInRegs = kHeadDim <= 128 && !(FI_FA3_VARIANT & 64);
 using QKShape = Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>;
 using TiledMmaQK = decltype(make_tiled_mma(
     std::conditional_t<kQInRegs, decltype(GMMA::rs_op_selector<Element, Element, float, QKShape>()),

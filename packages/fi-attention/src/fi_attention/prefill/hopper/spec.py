@@ -37,7 +37,7 @@ PAGED_ENTRY = Entry(
 
 # Experimental schedule of the kernel (FI_FA3_VARIANT in prefill_sm90.cu; its meaning is defined
 # there, now: bit 2 = ping-pong between the consumer warpgroups on, bit 64 = Q K^T SS instead of RS
-# at d = 128 (RS at d = 64)). None = the shipped kernel.
+# at d = 64 and 128). None = the shipped kernel.
 # Changed only by the prefill bench routines (option variant=N) and tools/ab_fa3.py for A/B runs.
 VARIANT = None
 
