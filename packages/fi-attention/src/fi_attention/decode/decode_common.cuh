@@ -611,6 +611,32 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // A wrapper built without use_cuda_graph sets kDecodeRefuseCapture: its plan() buffers move with the
 // next plan, so a launch into a stream being captured is refused (fi::refuse_capture) before
 // anything is queued; run() turns the code into an InputError.
+// FI_DECODE_CARVEOUT (A/B): the tensor-core decode kernel (dynamic shared memory) asks for the
+// largest shared-memory carveout, so the CTAs per SM the planner counts on (batch_decode_occupancy)
+// do not depend on the carveout the driver picks after other kernels: the bench's b1 row ran 40.4 us
+// after the large rows, 37.0-37.5 without them, and 37.63 [SDPA 37.97] in the full routine with
+// this (session 23). Not for the CUDA-core kernel (no dynamic shared memory): MHA b64 ran 1059 us
+// with it against 933 (why not analysed). Once per kernel and device, as set_max_dynamic_smem.
+#ifndef FI_DECODE_CARVEOUT
+#define FI_DECODE_CARVEOUT 1
+#endif
+template <typename Kernel>
+inline cudaError_t prefer_max_shared(Kernel kernel, int dev) {
+  if (!FI_DECODE_CARVEOUT) return cudaSuccess;
+  struct Set { const void* kernel; int device; };
+  static Set set[16];
+  static int count = 0;
+  static std::mutex mu;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < count; ++i)
+    if (set[i].kernel == fn && set[i].device == dev) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               int(cudaSharedmemCarveoutMaxShared));
+  if (err == cudaSuccess && count < 16) set[count++] = {fn, dev};
+  return err;
+}
+
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem) {
   const cudaStream_t stream = reinterpret_cast<cudaStream_t>(a->stream);
@@ -628,6 +654,7 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
     // FI_DECODE_SPREAD=0 builds launch with the kernel's own size (for A/B).
     const int launch_smem = FI_DECODE_SPREAD ? fi::one_cta_per_sm_smem(grid, smem, dev) : smem;
     FI_TRY(fi::set_max_dynamic_smem(kernel, launch_smem, dev));
+    if (smem > 0) FI_TRY(prefer_max_shared(kernel, dev));
     if ((a->flags & kDecodePdl) && fi::pdl_supported(dev)) {
       FI_TRY(fi::launch_pdl(kernel, dim3(grid), dim3(unsigned(threads)), size_t(launch_smem), stream, p));
     } else {
@@ -647,7 +674,10 @@ inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, i
 // Resident CTAs per SM of a decode kernel: the planner sizes split-KV chunks with it.
 template <typename Kernel>
 inline int batch_decode_occupancy(int* blocks_per_sm, Kernel kernel, int threads, int smem) {
-  FI_TRY(fi::set_max_dynamic_smem(kernel, smem));
+  int dev = 0;
+  FI_TRY(cudaGetDevice(&dev));
+  FI_TRY(fi::set_max_dynamic_smem(kernel, smem, dev));
+  if (smem > 0) FI_TRY(prefer_max_shared(kernel, dev));
   return int(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, smem));
 }
 
