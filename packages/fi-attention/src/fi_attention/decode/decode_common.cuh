@@ -614,7 +614,7 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // FI_DECODE_CARVEOUT (A/B): the tensor-core decode kernel (dynamic shared memory) asks for the
 // largest shared-memory carveout, so the CTAs per SM the planner counts on (batch_decode_occupancy)
 // do not depend on the carveout the driver picks after other kernels: the bench's b1 row ran 40.4 us
-// after the large rows, 37.0-37.5 without them, and 37.63 [SDPA 37.97] in the full routine with
+// after the large rows, 37.0-37.5 without them, and 37.47 [SDPA 37.40] in the full routine with
 // this (session 23). Not for the CUDA-core kernel (no dynamic shared memory): MHA b64 ran 1059 us
 // with it against 933 (why not analysed). Once per kernel and device, as set_max_dynamic_smem.
 #ifndef FI_DECODE_CARVEOUT

@@ -147,7 +147,7 @@ using SmemLayoutVt = decltype(composition(
 // benchmarks/notes.md session 22): fewer shared-memory reads per FLOP is what can raise its rate.
 // tools/ab_fa3.py in turns against SS (paired medians of 11 rounds): d = 128 single 16k x1.006,
 // 4k x1.002, ragged 16 x 2048 x1.005, paged x1.015 (prefill_fa3_ab_session22_q_in_registers.json);
-// d = 64 single 4k / 16k x1.017 / x1.019 (prefill_fa3_ab_session23_d64_q_in_registers.json).
+// d = 64 single 4k / 16k x1.006 / x1.006 (prefill_fa3_ab_session23_d64_q_in_registers.json).
 // d = 256 keeps SS (its consumers sit at the 240-register limit). FI_FA3_VARIANT bit 64: SS at
 // d = 64 and 128, for A/B runs.
 constexpr bool kQInRegs = kHeadDim <= 128 && !(FI_FA3_VARIANT & 64);
