@@ -616,25 +616,13 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // do not depend on the carveout the driver picks after other kernels: the bench's b1 row ran 40.4 us
 // after the large rows, 37.0-37.5 without them, and 37.47 [SDPA 37.40] in the full routine with
 // this (session 23). Not for the CUDA-core kernel (no dynamic shared memory): MHA b64 ran 1059 us
-// with it against 933 (why not analysed). Once per kernel and device, as set_max_dynamic_smem.
+// with it against 933 (why not analysed). Once per kernel and device (fi::set_attribute_once).
 #ifndef FI_DECODE_CARVEOUT
 #define FI_DECODE_CARVEOUT 1
 #endif
 template <typename Kernel>
 inline cudaError_t prefer_max_shared(Kernel kernel, int dev) {
-  if (!FI_DECODE_CARVEOUT) return cudaSuccess;
-  struct Set { const void* kernel; int device; };
-  static Set set[16];
-  static int count = 0;
-  static std::mutex mu;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < count; ++i)
-    if (set[i].kernel == fn && set[i].device == dev) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               int(cudaSharedmemCarveoutMaxShared));
-  if (err == cudaSuccess && count < 16) set[count++] = {fn, dev};
-  return err;
+  return FI_DECODE_CARVEOUT ? fi::prefer_max_shared_carveout(kernel, dev) : cudaSuccess;
 }
 
 template <typename QT, int D, typename Kernel, typename P>

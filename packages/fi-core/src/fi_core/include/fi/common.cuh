@@ -31,28 +31,48 @@ FI_HOST_DEVICE constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
 template <typename T>
 FI_HOST_DEVICE constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 
-// Raise a kernel's dynamic shared-memory limit to `bytes`, once per (kernel, device, size): setting
-// the attribute costs about a microsecond, so launchers call this before every launch and only the
-// first call of each kernel on each device pays. A module holds few kernels, so the record is a short
+// Kernel attributes (cudaFuncSetAttribute) set once per (kernel, device, attribute, value): setting
+// one costs about a microsecond, so launchers call these before every launch and only the first
+// call of each kernel on each device pays. A module holds few kernels, so the record is a short
 // table under a mutex (uncontended: tens of nanoseconds); past its capacity the attribute is simply
-// set again, which is correct, only slower. The limit set is at least 48 KB: the default is 48 KB
-// minus the kernel's static shared memory (a 48 KB ring beside 16 bytes of static variables failed
-// to launch with cudaErrorInvalidValue), and a lower one would fail other launches of the kernel.
+// set again, which is correct, only slower. `at_least`: a recorded value >= `value` also counts
+// (a raised limit serves every smaller request).
+inline cudaError_t set_attribute_once(const void* fn, cudaFuncAttribute attr, int value, int dev,
+                                      bool at_least) {
+  struct Set { const void* kernel; int device; cudaFuncAttribute attr; int value; };
+  static Set set[64];
+  static int count = 0;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < count; ++i)
+    if (set[i].kernel == fn && set[i].device == dev && set[i].attr == attr &&
+        (at_least ? set[i].value >= value : set[i].value == value))
+      return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(fn, attr, value);
+  if (err == cudaSuccess && count < 64) set[count++] = {fn, dev, attr, value};
+  return err;
+}
+
+// Raise a kernel's dynamic shared-memory limit to `bytes` (set_attribute_once). The limit set is at
+// least 48 KB: the default is 48 KB minus the kernel's static shared memory (a 48 KB ring beside 16
+// bytes of static variables failed to launch with cudaErrorInvalidValue), and a lower one would
+// fail other launches of the kernel.
 template <typename Kernel>
 inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes, int dev) {
   if (bytes <= 0) return cudaSuccess;
   bytes = bytes < 48 * 1024 ? 48 * 1024 : bytes;
-  struct Raised { const void* kernel; int device; int bytes; };
-  static Raised raised[64];
-  static int count = 0;
-  static std::mutex mu;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < count; ++i)
-    if (raised[i].kernel == fn && raised[i].device == dev && raised[i].bytes >= bytes) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && count < 64) raised[count++] = {fn, dev, bytes};
-  return err;
+  return set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            bytes, dev, true);
+}
+
+// Ask for the largest shared-memory carveout (set_attribute_once), so the CTAs per SM a planner
+// counts on (cudaOccupancyMaxActiveBlocksPerMultiprocessor) do not depend on the carveout the driver
+// picks after other kernels. The tensor-core decode kernel uses it (decode_common.cuh: the bench's
+// b1 row 40.4 -> 37.5 us, session 23); a kernel that leans on L1 may lose by it.
+template <typename Kernel>
+inline cudaError_t prefer_max_shared_carveout(Kernel kernel, int dev) {
+  return set_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout,
+                            int(cudaSharedmemCarveoutMaxShared), dev, false);
 }
 
 // The same on the current device. Launchers that make several of these queries per launch read
