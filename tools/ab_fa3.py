@@ -14,7 +14,8 @@ paged (the same batch, page 16, pages in random order), paged_seq (page 16, page
 paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in order, K and V in two
 tensors: ragged's addresses).
 
-BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default) or a path to
+BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default), ``mc`` / ``nomc``
+(the default with / without K/V multicast, whatever FI_FA3_MULTICAST says) or a path to
 another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git show``). ``--build-only``
 compiles the modules the named cases need (for a kernel cache that travels to the GPU machine)
 and exits. Prints one line per case with the median time of each build and its speed-up over the
@@ -52,6 +53,8 @@ def spec_factory(build: str):
         finally:
             hs.VARIANT = old
 
+    if build in ("mc", "nomc"):  # the default kernel with / without K/V multicast (FI_FA3_MULTICAST)
+        return lambda *args, **kw: build_spec(None, *args, **{**kw, "multicast": build == "mc"})
     if build.isdigit():
         return lambda *args, **kw: build_spec(int(build) or None, *args, **kw)
     path = Path(build).resolve()
@@ -72,8 +75,14 @@ def specs_for(build: str, arch, names) -> list:
             "causal": any(n.startswith("single") and _head_dim(n) == D or n == "ragged" for n in names),
             "paged": any(n.startswith("paged") for n in names)}
     other_dims = sorted({_head_dim(n) for n in names} - {D})
-    return ([make(bf16, D, True, arch)] * need["causal"] + [make(bf16, D, False, arch)] * need["full"]
-            + [make(bf16, D, True, arch, paged=True)] * need["paged"] + [make(bf16, d, True, arch) for d in other_dims])
+    from fi_core import knobs  # noqa: PLC0415
+
+    # every case is GQA 32/8: head_dim D runs the multicast module when it is on
+    mc = build == "mc" or (build != "nomc" and knobs.fa3_multicast())
+    return ([make(bf16, D, True, arch, multicast=mc)] * need["causal"]
+            + [make(bf16, D, False, arch, multicast=mc)] * need["full"]
+            + [make(bf16, D, True, arch, paged=True, multicast=mc)] * need["paged"]
+            + [make(bf16, d, True, arch) for d in other_dims])
 
 
 def _head_dim(name: str) -> int:

@@ -20,14 +20,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=None)
     args = ap.parse_args()
-    from fi_attention.prefill.hopper.spec import HEAD_DIMS, prefill_sm90_spec  # noqa: PLC0415
+    from fi_attention.prefill.hopper.spec import HEAD_DIMS, MULTICAST_HEAD_DIM, prefill_sm90_spec  # noqa: PLC0415
     from fi_core import Arch  # noqa: PLC0415
     from fi_core.jit import build_many  # noqa: PLC0415
 
     arch = Arch.parse("9.0a")
-    specs = [prefill_sm90_spec(dt, d, causal, arch, paged=paged, softcap=cap)
-             for dt, d, causal, paged, cap in itertools.product(
-                 (torch.bfloat16, torch.float16), HEAD_DIMS, (True, False), (False, True), (False, True))]
+    specs = [prefill_sm90_spec(dt, d, causal, arch, paged=paged, softcap=cap, multicast=mc)
+             for dt, d, causal, paged, cap, mc in itertools.product(
+                 (torch.bfloat16, torch.float16), HEAD_DIMS, (True, False), (False, True), (False, True),
+                 (False, True)) if not mc or d == MULTICAST_HEAD_DIM]
     t0 = time.time()
     build_many(specs, jobs=args.jobs)
     print(f"built {len(specs)} fa3 modules in {time.time() - t0:.0f} s")

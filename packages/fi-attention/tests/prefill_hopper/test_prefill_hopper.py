@@ -52,6 +52,22 @@ def test_supports_gives_reason(kw, word):
     assert why is not None and word in why
 
 
+def test_multicast_module_choice():
+    """K/V multicast (its own module) with FI_FA3_MULTICAST=1 for head_dim 128 and an even GQA group."""
+    from fi_attention.prefill.hopper.spec import prefill_sm90_spec, use_multicast
+    with knobs.override(FI_FA3_MULTICAST=None):  # off by default
+        assert not use_multicast(128, 32, 8)
+    with knobs.override(FI_FA3_MULTICAST="1"):
+        assert use_multicast(128, 32, 8) and use_multicast(128, 8, 1) and use_multicast(128, 4, 2)
+        assert not use_multicast(128, 6, 2) and not use_multicast(128, 4, 4) and not use_multicast(64, 32, 8)
+        assert not use_multicast(256, 32, 8)
+    spec = prefill_sm90_spec(BF16, 128, True, "9.0a", paged=True, multicast=True)
+    assert spec.name.endswith("_mc") and ("FI_FA3_MCAST", "1") in tuple(spec.defines)
+    assert "FI_FA3_MCAST" not in dict(prefill_sm90_spec(BF16, 128, True, "9.0a").defines)
+    with pytest.raises(ValueError, match="head_dim 128"):
+        prefill_sm90_spec(BF16, 64, True, "9.0a", multicast=True)
+
+
 def test_unsupported_reason_reads_facts_dict():
     assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16}) is None
     assert hopper.unsupported_reason({"head_dim_qk": 128, "dtype": BF16, "window_left": 8}) is None
@@ -267,6 +283,10 @@ def _prebuild_variants():
     specs += [prefill_sm90_spec(BF16, d, c, a) for d in (64, 256) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, paged=True) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, softcap=True) for c in (True, False)]
+    # GQA cases at head_dim 128 (even groups) run the K/V multicast modules
+    specs += [prefill_sm90_spec(dt, 128, c, a, multicast=True) for dt in (BF16, FP16) for c in (True, False)]
+    specs += [prefill_sm90_spec(BF16, 128, c, a, paged=True, multicast=True) for c in (True, False)]
+    specs += [prefill_sm90_spec(BF16, 128, c, a, softcap=True, multicast=True) for c in (True, False)]
     build_many(specs)
 
 
@@ -413,3 +433,29 @@ def test_persistent_many_tiles_per_cta(case):
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]), "result depends on the number of persistent CTAs"
         assert torch.equal(lse, outs[0][1]), "LSE depends on the number of persistent CTAs"
+
+
+# ---------------------------------------------------------------------------- GPU: K/V multicast
+# With FI_FA3_MULTICAST=1 an even GQA group at head_dim 128 runs the multicast module (2-CTA
+# clusters, each CTA loading half of every K/V tile for both); odd groups and the default (0) run
+# the single-CTA module. Both
+# must match the reference and each other bit for bit (same math per tile), ragged and paged, on
+# the default grid and on 3 CTAs (rounded to one cluster of 2 with multicast: many tiles per CTA).
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", [
+    dict(qo_lens=[300, 7, 1000, 129], kv_lens=[50, 100, 1200, 700], causal=True, hq=8, hkv=4),
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=False, hq=16, hkv=2, page_size=16),
+    dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=True, hq=4, hkv=2, page_size=8, layout="HND"),
+    dict(qo_lens=[2000, 50], kv_lens=[2000, 300], causal=True, hq=6, hkv=2, window_left=127),  # group 3
+])
+def test_multicast_matches_single_cta(case):
+    _needs_sm90()
+    outs = []
+    for mc in ("1", "0"):
+        for ctas in (None, "3"):
+            with knobs.override(FI_FA3_MULTICAST=mc, FI_FA3_CTAS=ctas):
+                outs.append(_check(**case, seed=41))
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]), "result depends on K/V multicast or the CTA count"
+        assert torch.equal(lse, outs[0][1]), "LSE depends on K/V multicast or the CTA count"

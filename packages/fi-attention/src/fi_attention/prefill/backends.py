@@ -72,14 +72,15 @@ BACKENDS = (
 
 def _specs(arch):
     """Representative modules for precompile and the compile check: fa2 ragged and paged, and on
-    sm_90a the fa3 ragged and paged causal d128 kernels."""
+    sm_90a the fa3 ragged and paged causal d128 kernels, with K/V multicast (even GQA groups) and
+    without."""
     specs = [fa2_spec(torch.bfloat16, 128, 128, False, arch),
              fa2_spec(torch.bfloat16, 128, 128, True, arch)]
     if arch.cc == 90 and arch.suffix == "a":
         from .hopper.spec import prefill_sm90_spec  # noqa: PLC0415
 
-        specs += [prefill_sm90_spec(torch.bfloat16, 128, True, arch),
-                  prefill_sm90_spec(torch.bfloat16, 128, True, arch, paged=True)]
+        specs += [prefill_sm90_spec(torch.bfloat16, 128, True, arch, paged=paged, multicast=mc)
+                  for paged in (False, True) for mc in (True, False)]
     return specs
 
 

@@ -19,7 +19,7 @@ import torch
 from fi_core import arch_of, current_stream, knobs, load
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
-from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec
+from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast
 
 __all__ = ["supports", "run_ragged", "run_paged", "unsupported_reason", "run", "ARCH"]
 
@@ -172,7 +172,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse.fill_(float("-inf"))
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
-    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0))
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0,
+                                 multicast=use_multicast(d, hq, hkv)))
     mod.fi_prefill_sm90_ragged(
         q.data_ptr(), k.data_ptr(), v.data_ptr(),
         0 if qo_indptr is None else qo_indptr.data_ptr(),
@@ -254,7 +255,8 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
-    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0))
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0,
+                                 multicast=use_multicast(d, hq, hkv)))
     mod.fi_prefill_sm90_paged(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
         kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),

@@ -12,6 +12,7 @@
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
 // of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2); the
 // two consumer warpgroups issue independently (no ping-pong, see kPingPong).
+// d = 128 with an even GQA group: 2-CTA clusters share every K/V tile by TMA multicast (kMcast).
 // setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
 // tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 // Measured on the H200 and not kept (tools/ab_fa3.py in turns, benchmarks/notes.md session 15):
@@ -24,7 +25,8 @@
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
 // (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:
-// logits = cap * tanh(sm_scale * q.k / cap)). Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
+// logits = cap * tanh(sm_scale * q.k / cap)), FI_FA3_MCAST (0/1, d = 128: K/V multicast, see kMcast).
+// Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
 #include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -126,6 +128,23 @@ constexpr int kSchedBarrier = 1;
 // Persistent CTAs (see tile_of) for d <= 128. d = 256 keeps one tile per CTA: its consumers hold a
 // 64x256 fp32 O at the 240-register limit, and the tile loop's extra live state spills there.
 constexpr bool kPersistent = kHeadDim <= 128;
+// FI_FA3_MCAST = 1 (d = 128 modules for an even GQA group, chosen with FI_FA3_MULTICAST=1; off by
+// default): K/V shared by TMA multicast. CTAs launch as 2-CTA clusters whose two CTAs take the
+// tiles of query heads 2h and 2h + 1 (one KV head, same request and m-block: the same KV tiles);
+// each loads one of the two 64-column boxes of every K and V tile into the shared memory of both,
+// halving the L2-to-SM bytes per FLOP. A stage is refilled only once both CTAs' consumers released
+// it: its empty barrier counts this CTA's 256 consumer threads and one arrive per consumer warp of
+// the other CTA. H200 (benchmarks/notes.md session 24): at the 700 W cap it buys clock, 4 s
+// sustained L = 16384 at 1658 against 1578 MHz, 604 against 588 TFLOP/s, paged 16 x 2048 430
+// against 423; below the cap it loses per clock (in turns x0.963-0.975 single and ragged, x1.005
+// paged; bench routines single 4k 600 and paged 492 against session 23's 625 and 515), so the
+// default stays one CTA per tile. A runtime multicast switch in the KV loop had cost ~3 % more (x0.971
+// against x1.001 for this compile-time form), hence the separate module.
+#ifndef FI_FA3_MCAST
+#define FI_FA3_MCAST 0
+#endif
+constexpr bool kMcast = FI_FA3_MCAST != 0;
+static_assert(!kMcast || kHeadDim == 128, "multicast splits the two 64-column boxes of d = 128 between the CTAs");
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
@@ -272,6 +291,38 @@ FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Multicast forms (kMcast): the box lands at the same offset in every CTA of `mask` and completes
+// bytes on the barrier at the same offset in each.
+FI_DEVICE void tma_load_4d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t mask, int c0, int c1, int c2,
+                              int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+FI_DEVICE void tma_load_3d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t mask, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+FI_DEVICE uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs (warp-converged): barrier inits before, remote accesses after.
+FI_DEVICE void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrive on the barrier at `bar`'s offset in CTA `rank` of the cluster.
+FI_DEVICE void mbar_arrive_cta(uint64_t* bar, uint32_t rank) {
+  uint32_t a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
+}
 // Shared-memory access the compiler keeps in program order and never hoists or caches in a
 // register across uses (volatile asm): see TileDesc.
 FI_DEVICE int lds(const int* ptr) {
@@ -385,6 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int num_tiles = p.num_m_blocks * p.batch * p.num_qo_heads;
   const int cta = blockIdx.x, grid = gridDim.x;
+  constexpr bool mc = kMcast;
+  // Arrivals that release a K or V stage (see release()).
+  constexpr int kReleases = kConsumerThreads + (mc ? kConsumerThreads / 32 : 0);
 
   if (threadIdx.x == 0) {
     mbar_init(&ss.bar_q, 1);
@@ -392,12 +446,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&ss.full_k[s], 1);
       mbar_init(&ss.full_v[s], 1);
-      mbar_init(&ss.empty_k[s], kConsumerThreads);
-      mbar_init(&ss.empty_v[s], kConsumerThreads);
+      mbar_init(&ss.empty_k[s], kReleases);
+      mbar_init(&ss.empty_v[s], kReleases);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (mc)
+    cluster_sync();  // both CTAs' barriers exist before either multicasts into the other
+  else
+    __syncthreads();
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -420,6 +477,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     // schedulers (tools/ab_fa3.py, page 128: x1.025-1.029 with them gone).
     const bool idle = kSpread && pwarp != 0 && p.page_size >= kBlockN;
     const bool writer = pwarp == 0 && lane == 0;  // publishes the tiles and loads their Q
+    // Multicast: the cluster's CTAs take tiles 2u and 2u + 1 (query heads 2h, 2h + 1 of one KV
+    // head, the same KV tiles), the cluster index snaking as a CTA does without; rank r loads
+    // column box r of every K and V tile for both.
+    const int rank = mc ? int(cluster_rank()) : 0;
     if (!idle && (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1))) {
       int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
       int q_it = 0;   // tiles published so far
@@ -451,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         }
       };
       for (int round = 0;; ++round) {
-        const int t = tile_of(round, cta, grid);
+        const int t = mc ? 2 * tile_of(round, cta >> 1, grid >> 1) + rank : tile_of(round, cta, grid);
         if (t >= num_tiles || (!kPersistent && round > 0)) break;
         const Tile w = tile_info(p, t);
         if (!w.valid) continue;  // past the request's queries: nothing to write
@@ -490,8 +551,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
               const int j = pwarp + 4 * i;
               if (j < boxes) {
                 Element* k_dst = &ss.k[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
-                for (int bx = 0; bx < kBoxes; ++bx)
-                  tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, pg[i]);
+                if (mc)
+                  tma_load_4d_mc(k_dst + rank * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], 3, rank * kBoxCols, c1, c2,
+                                 pg[i]);
+                else
+                  for (int bx = 0; bx < kBoxes; ++bx)
+                    tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, pg[i]);
               }
             }
             mbar_wait(&ss.empty_v[s], empty_phase);
@@ -501,8 +566,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
               const int j = pwarp + 4 * i;
               if (j < boxes) {
                 Element* v_dst = &ss.v[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
-                for (int bx = 0; bx < kBoxes; ++bx)
-                  tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, pg[i]);
+                if (mc)
+                  tma_load_4d_mc(v_dst + rank * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], 3, rank * kBoxCols, c1, c2,
+                                 pg[i]);
+                else
+                  for (int bx = 0; bx < kBoxes; ++bx)
+                    tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, pg[i]);
               }
             }
           } else {  // d = 256: warp 0, lane j issues box j; lane 0 does the barrier work
@@ -536,20 +605,32 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 #else
           Element* k_dst = &ss.k[s * kBlockN * kHeadDim];
           Element* v_dst = &ss.v[s * kBlockN * kHeadDim];
+          const int tok = w.kv_start + n * kBlockN;
+          const int r1 = p.kv_heads_outer ? tok : kv_head, r2 = p.kv_heads_outer ? kv_head : tok;
           mbar_wait(&ss.empty_k[s], empty_phase);
           mbar_expect_tx(&ss.full_k[s], kKVBytes);
-          for (int bx = 0; bx < kBoxes; ++bx)
-            tma_load_rows(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head,
-                          w.kv_start + n * kBlockN, p.kv_heads_outer);
+          if (mc)
+            tma_load_3d_mc(k_dst + rank * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], 3, rank * kBoxCols, r1, r2);
+          else
+            for (int bx = 0; bx < kBoxes; ++bx)
+              tma_load_rows(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, kv_head, tok,
+                            p.kv_heads_outer);
           mbar_wait(&ss.empty_v[s], empty_phase);
           mbar_expect_tx(&ss.full_v[s], kKVBytes);
-          for (int bx = 0; bx < kBoxes; ++bx)
-            tma_load_rows(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head,
-                          w.kv_start + n * kBlockN, p.kv_heads_outer);
+          if (mc)
+            tma_load_3d_mc(v_dst + rank * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], 3, rank * kBoxCols, r1, r2);
+          else
+            for (int bx = 0; bx < kBoxes; ++bx)
+              tma_load_rows(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, kv_head, tok,
+                            p.kv_heads_outer);
 #endif
         }
       }
       if (writer) publish(kTileEnd, Tile{});
+    }
+    if constexpr (mc) {  // the other CTA may still multicast into this one and arrive on its barriers
+      __syncwarp();
+      cluster_sync();
     }
     return;
   }
@@ -665,6 +746,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     for (int v = 0; v < size(tSrS) / 2; ++v) p32[v] = pack2(tSrS(2 * v), tSrS(2 * v + 1));
   };
 
+  // A K or V stage is done with: one arrive per thread, and with multicast also one per warp on
+  // the stage's barrier in the other CTA (whose producer refills this CTA's half of it).
+  const uint32_t peer = mc ? (cluster_rank() ^ 1u) : 0u;
+  auto release = [&](uint64_t* bar) {
+    mbar_arrive(bar);
+    if constexpr (mc) {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbar_arrive_cta(bar, peer);
+    }
+  };
+
+
+
   int kv_it = 0;  // KV tiles consumed by this CTA so far: stage and phase, in step with the producer
   for (;; ++q_it) {
     // A CTA of the non-persistent launch (d = 256) has one tile; saying so keeps the loop's state
@@ -714,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       sched_arrive();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      mbar_arrive(&ss.empty_k[s]);
+      release(&ss.empty_k[s]);
       if (!kQInRegs && n == n_start) mbar_arrive(&ss.empty_q);  // that was this tile's last Q K^T
       if (kSoftcap) apply_softcap();
       mask_tile(n);  // the last KV tile always may cross the sequence end or the diagonal
@@ -734,7 +828,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       sched_arrive();
       warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
       warpgroup_fence_operand(tSrS);
-      mbar_arrive(&ss.empty_k[s_next]);
+      release(&ss.empty_k[s_next]);
       if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
       if (kSoftcap) apply_softcap();
       if (needs_mask(n - 1)) mask_tile(n - 1);
@@ -747,7 +841,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);
       warpgroup_wait<0>();  // P V done: V stage s is free, P registers and O may be rewritten
       warpgroup_fence_operand(tOrO);
-      mbar_arrive(&ss.empty_v[s]);
+      release(&ss.empty_v[s]);
       // O is rescaled here rather than between the Q K^T and P V issues (FA3's order for d = 256):
       // 1.2-3.0 % faster on every case of tools/ab_fa3.py (paired medians, 11 rounds, H200).
       rescale_o(rescale);
@@ -759,7 +853,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      mbar_arrive(&ss.empty_v[s]);
+      release(&ss.empty_v[s]);
       ++kv_it;
     }
 
@@ -797,6 +891,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   // The turn passing continues across tiles (both warpgroups walk the same tiles with the same
   // number of GEMM brackets); WG1 takes WG2's last pending arrive before exiting.
   if (kPingPong && wg_c == 0) named_sync(kSchedBarrier + 0, kConsumerThreads);
+  if constexpr (mc) {  // see the producer's exit
+    __syncwarp();
+    cluster_sync();
+  }
 }
 
 // ---- host side --------------------------------------------------------------------------------
@@ -871,6 +969,33 @@ inline int64_t persistent_ctas(int sms, int64_t max_ctas) {
   return max_ctas > 0 ? max_ctas : sms;
 }
 
+// 2-CTA clusters of this kernel that fit the GPU at once (0: none, or the query failed), per
+// device, asked once (a benign race: every writer stores the same value).
+inline int max_active_pairs(int dev) {
+  static int cached[64] = {};  // value + 1; 0 = not asked yet
+  if (dev < 0 || dev >= 64) return 0;
+  if (cached[dev] == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(2);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, prefill_sm90_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    cached[dev] = n + 1;
+  }
+  return cached[dev] - 1;
+}
+
 // Fills the fields shared by both entries and launches a 1-D grid of persistent CTAs.
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
@@ -899,8 +1024,33 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   FI_TRY(cudaGetDevice(&dev));
   int sms = 0;
   FI_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t ctas =
+  int64_t ctas =
       kPersistent ? std::min<int64_t>(num_tiles, std::max<int64_t>(1, persistent_ctas(sms, max_ctas))) : num_tiles;
+  if constexpr (kMcast) {
+    // Query heads 2h, 2h + 1 must share a KV head (an even group size: the runner's rule), and a
+    // persistent grid must be whole clusters that are all resident at once (tiles are assigned
+    // statically); one CTA per tile (max_ctas < 0) needs only an even count, which it has.
+    if (p.group_size % 2 != 0) return cudaErrorInvalidValue;
+    if (max_ctas >= 0) {
+      const int pairs = max_active_pairs(dev);
+      if (pairs <= 0) return cudaErrorNotSupported;
+      ctas = std::max<int64_t>(2, std::min<int64_t>(ctas, 2 * int64_t(pairs)) & ~int64_t(1));
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(ctas));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    FI_TRY(cudaLaunchKernelEx(&cfg, prefill_sm90_kernel, p));
+    return FI_LAUNCH_STATUS();
+  }
   prefill_sm90_kernel<<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p);
   return FI_LAUNCH_STATUS();
 }

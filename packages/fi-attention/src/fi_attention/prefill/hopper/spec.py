@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 import torch
-from fi_core import Arch, Entry, KernelSpec
+from fi_core import Arch, Entry, KernelSpec, knobs
 from fi_core.dtypes import tag
 
 _HERE = Path(__file__).resolve().parent
@@ -42,6 +42,19 @@ PAGED_ENTRY = Entry(
 VARIANT = None
 
 
+# K/V multicast over 2-CTA clusters (prefill_sm90.cu, FI_FA3_MCAST): d = 128 only, where each CTA
+# of a pair loads one of the two 64-column boxes of a tile.
+MULTICAST_HEAD_DIM = 128
+
+
+def use_multicast(head_dim: int, num_qo_heads: int, num_kv_heads: int) -> bool:
+    """Whether a call runs the multicast module: with FI_FA3_MULTICAST=1 (off by default, see
+    prefill_sm90.cu kMcast for the H200 measurements), head_dim 128 and an even GQA group (the
+    pair's query heads 2h, 2h + 1 then share a KV head)."""
+    return (head_dim == MULTICAST_HEAD_DIM and (num_qo_heads // num_kv_heads) % 2 == 0
+            and knobs.fa3_multicast())
+
+
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
 def kv_tile(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 80
@@ -49,12 +62,17 @@ def kv_tile(head_dim: int) -> int:
 
 @functools.cache
 def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False,
-                      softcap: bool = False) -> KernelSpec:
-    """The module for one (dtype, head_dim, causal, paged, softcap); ``arch`` must be 9.0a."""
+                      softcap: bool = False, multicast: bool = False) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal, paged, softcap, multicast); ``arch`` must be
+    9.0a. ``multicast`` (head_dim 128 only): 2-CTA clusters share K/V tiles by TMA multicast
+    (FI_FA3_MCAST in prefill_sm90.cu); such a module serves only even GQA groups (see
+    ``use_multicast``)."""
     if dtype not in DTYPES:
         raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
+    if multicast and head_dim != MULTICAST_HEAD_DIM:
+        raise ValueError(f"fa3 multicast needs head_dim {MULTICAST_HEAD_DIM}, got {head_dim}")
     arch = Arch.parse(arch)
     layout = "paged" if paged else "ragged"
     mask = "causal" if causal else "full"
@@ -63,7 +81,7 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
         defines["FI_FA3_VARIANT"] = str(VARIANT)
     return KernelSpec(
         name=(f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}"
-              + (f"_v{VARIANT}" if VARIANT is not None else "")),
+              + ("_mc" if multicast else "") + (f"_v{VARIANT}" if VARIANT is not None else "")),
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
@@ -72,6 +90,7 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_CAUSAL": "1" if causal else "0",
             "FI_PAGED": "1" if paged else "0",
             "FI_SOFTCAP": "1" if softcap else "0",
+            **({"FI_FA3_MCAST": "1"} if multicast else {}),
             **defines,
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
