@@ -12,7 +12,8 @@
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
 // of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2); the
 // two consumer warpgroups issue independently (no ping-pong, see kPingPong).
-// d = 128 with an even GQA group: 2-CTA clusters share every K/V tile by TMA multicast (kMcast).
+// Opt-in (FI_FA3_MULTICAST=1), d = 128 with an even GQA group: 2-CTA clusters share every K/V tile
+// by TMA multicast (kMcast).
 // setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
 // tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 // Measured on the H200 and not kept (tools/ab_fa3.py in turns, benchmarks/notes.md session 15):
@@ -757,8 +758,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     }
   };
 
-
-
   int kv_it = 0;  // KV tiles consumed by this CTA so far: stage and phase, in step with the producer
   for (;; ++q_it) {
     // A CTA of the non-persistent launch (d = 256) has one tile; saying so keeps the loop's state
@@ -969,23 +968,30 @@ inline int64_t persistent_ctas(int sms, int64_t max_ctas) {
   return max_ctas > 0 ? max_ctas : sms;
 }
 
+// Launch configuration of `ctas` CTAs in 2-CTA clusters (kMcast); `attr` must outlive it.
+inline cudaLaunchConfig_t pair_config(unsigned ctas, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // 2-CTA clusters of this kernel that fit the GPU at once (0: none, or the query failed), per
 // device, asked once (a benign race: every writer stores the same value).
 inline int max_active_pairs(int dev) {
   static int cached[64] = {};  // value + 1; 0 = not asked yet
   if (dev < 0 || dev >= 64) return 0;
   if (cached[dev] == 0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(2);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = pair_config(2, nullptr, attr);
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, prefill_sm90_kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -1036,18 +1042,8 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
       if (pairs <= 0) return cudaErrorNotSupported;
       ctas = std::max<int64_t>(2, std::min<int64_t>(ctas, 2 * int64_t(pairs)) & ~int64_t(1));
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(ctas));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = pair_config(unsigned(ctas), stream, attr);
     FI_TRY(cudaLaunchKernelEx(&cfg, prefill_sm90_kernel, p));
     return FI_LAUNCH_STATUS();
   }
