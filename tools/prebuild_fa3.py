@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Build every fa3 (Hopper prefill) module in parallel: dtypes x head dims x causal x paged x soft cap,
-48 modules for sm_90a, and the 16 head_dim-128 ones again with K/V multicast (FI_FA3_MULTICAST=1). The GPU tests of the fa3 kernel and of the prefill API on backend fa3 use a
-dozen to two dozen of them; building all up front on the GPU machine's 16 cores (FI_MAX_JOBS)
-took 153 s there, where the tests would otherwise build each one serially on first use.
+48 modules for sm_90a, and the 16 head_dim-128 ones again with K/V multicast (FI_FA3_MULTICAST=1).
+The GPU tests of the fa3 kernel and of the prefill API on backend fa3 use a dozen to two dozen of
+them; building the 48 up front on the GPU machine's 16 cores (FI_MAX_JOBS) took 153 s there, where
+the tests would otherwise build each one serially on first use.
 
     python3 tools/prebuild_fa3.py [--jobs N]
 """
