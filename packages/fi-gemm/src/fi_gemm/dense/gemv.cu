@@ -525,25 +525,14 @@ cudaError_t launch(const GemvParams& p, int64_t l, int64_t tiles_y, cudaStream_t
     kernel<<<grid, kWarps * 32, 0, stream>>>(p);
     return cudaGetLastError();
   } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kWarps * 32);
-    cfg.stream = stream;
     cudaLaunchAttribute attr[2];
-    int na = 0;
+    unsigned na = 0;
     if (FI_GEMV_PDL) {
       attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[na++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (KS > 1) {
-      attr[na].id = cudaLaunchAttributeClusterDimension;
-      attr[na].val.clusterDim.x = KS;
-      attr[na].val.clusterDim.y = 1;
-      attr[na++].val.clusterDim.z = 1;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = na;
-    return cudaLaunchKernelEx(&cfg, kernel, p);
+    if (KS > 1) attr[na++] = fi::cluster_attribute(KS);
+    return fi::launch_ex(kernel, grid, dim3(kWarps * 32), 0, stream, attr, na, p);
   }
 }
 

@@ -968,37 +968,12 @@ inline int64_t persistent_ctas(int sms, int64_t max_ctas) {
   return max_ctas > 0 ? max_ctas : sms;
 }
 
-// Launch configuration of `ctas` CTAs in 2-CTA clusters (kMcast); `attr` must outlive it.
-inline cudaLaunchConfig_t pair_config(unsigned ctas, cudaStream_t stream, cudaLaunchAttribute& attr) {
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// 2-CTA clusters of this kernel that fit the GPU at once (0: none, or the query failed), per
-// device, asked once (a benign race: every writer stores the same value).
+// 2-CTA clusters of this kernel that fit the GPU at once (0: none, or the query failed), asked
+// once per device (a benign race: every writer stores the same value).
 inline int max_active_pairs(int dev) {
   static int cached[64] = {};  // value + 1; 0 = not asked yet
   if (dev < 0 || dev >= 64) return 0;
-  if (cached[dev] == 0) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = pair_config(2, nullptr, attr);
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, prefill_sm90_kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = 0;
-    }
-    cached[dev] = n + 1;
-  }
+  if (cached[dev] == 0) cached[dev] = fi::max_active_clusters(prefill_sm90_kernel, dim3(kThreads), kSmemBytes, 2) + 1;
   return cached[dev] - 1;
 }
 
@@ -1042,9 +1017,7 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
       if (pairs <= 0) return cudaErrorNotSupported;
       ctas = std::max<int64_t>(2, std::min<int64_t>(ctas, 2 * int64_t(pairs)) & ~int64_t(1));
     }
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = pair_config(unsigned(ctas), stream, attr);
-    FI_TRY(cudaLaunchKernelEx(&cfg, prefill_sm90_kernel, p));
+    FI_TRY(fi::launch_cluster(prefill_sm90_kernel, dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes, stream, 2, p));
     return FI_LAUNCH_STATUS();
   }
   prefill_sm90_kernel<<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p);

@@ -131,6 +131,21 @@ inline bool pdl_supported() {
   return cudaGetDevice(&dev) == cudaSuccess && pdl_supported(dev);
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx with `n` launch
+// attributes (the forms below).
+template <typename... Params, typename... Args>
+inline cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             cudaLaunchAttribute* attrs, unsigned n, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization (PDL): the
 // grid may start before its predecessor in the stream completes, so the kernel must call
 // grid_dependency_wait() before it reads that predecessor's results or writes what it may read.
@@ -138,17 +153,49 @@ inline bool pdl_supported() {
 template <typename... Params, typename... Args>
 inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                               Args... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return launch_ex(kernel, grid, block, smem, stream, &attr, 1, args...);
+}
+
+// The launch attribute of thread-block clusters of `x` CTAs along x (sm_90+).
+inline cudaLaunchAttribute cluster_attribute(unsigned x) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = x;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as clusters of `cluster_x` CTAs along x (grid.x a
+// multiple of it).
+template <typename... Params, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  unsigned cluster_x, Args... args) {
+  cudaLaunchAttribute attr = cluster_attribute(cluster_x);
+  return launch_ex(kernel, grid, block, smem, stream, &attr, 1, args...);
+}
+
+// Clusters of `cluster_x` CTAs of `kernel` (block, smem per CTA) that fit the current device at
+// once (cudaOccupancyMaxActiveClusters): what a persistent grid of clusters may launch. 0 when none
+// fit or the query fails (its error is cleared). Set the kernel's shared-memory limit first.
+template <typename... Params>
+inline int max_active_clusters(void (*kernel)(Params...), dim3 block, size_t smem, unsigned cluster_x) {
+  cudaLaunchAttribute attr = cluster_attribute(cluster_x);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
+  cfg.gridDim = dim3(cluster_x);
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
+  cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 // cudaErrorStreamCaptureUnsupported when `stream` is being captured into a CUDA graph, else
