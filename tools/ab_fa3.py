@@ -15,7 +15,8 @@ paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in or
 tensors: ragged's addresses).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default), ``mc`` / ``nomc``
-(the default with / without K/V multicast, whatever FI_FA3_MULTICAST says) or a path to
+(the default with / without K/V multicast, whatever FI_FA3_MULTICAST says; under its default,
+auto, build 0 takes multicast on the cases of at least MULTICAST_MIN_FLOPS) or a path to
 another prefill_sm90.cu (e.g. an older commit's, unpacked with ``git show``). ``--build-only``
 compiles the modules the named cases need (for a kernel cache that travels to the GPU machine)
 and exits. Prints one line per case with the median time of each build and its speed-up over the
@@ -77,11 +78,14 @@ def specs_for(build: str, arch, names) -> list:
     other_dims = sorted({_head_dim(n) for n in names} - {D})
     from fi_core import knobs  # noqa: PLC0415
 
-    # every case is GQA 32/8: head_dim D runs the multicast module when it is on
-    mc = build == "mc" or (build != "nomc" and knobs.fa3_multicast())
-    return ([make(bf16, D, True, arch, multicast=mc)] * need["causal"]
-            + [make(bf16, D, False, arch, multicast=mc)] * need["full"]
-            + [make(bf16, D, True, arch, paged=True, multicast=mc)] * need["paged"]
+    # every case is GQA 32/8: head_dim D runs the multicast module when it is on, and under
+    # FI_FA3_MULTICAST=auto for the long cases (both modules are built then)
+    mode = knobs.fa3_multicast()
+    mcs = [True] if build == "mc" or (build != "nomc" and mode) else \
+        [False] if build == "nomc" or mode is False else [False, True]
+    return ([make(bf16, D, True, arch, multicast=mc) for mc in mcs] * need["causal"]
+            + [make(bf16, D, False, arch, multicast=mc) for mc in mcs] * need["full"]
+            + [make(bf16, D, True, arch, paged=True, multicast=mc) for mc in mcs] * need["paged"]
             + [make(bf16, d, True, arch) for d in other_dims])
 
 

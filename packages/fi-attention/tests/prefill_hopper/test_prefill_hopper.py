@@ -38,6 +38,36 @@ def test_supports_main_case():
     assert supports(**_facts(dtype=FP16, kv_dtype=FP16, causal=False, head_dim_qk=64, head_dim_vo=64)) is None
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [-1, 0, 5, 100])
+def test_visible_pairs_counts_the_mask(causal, window):
+    """visible_pairs against counting the (bottom-right causal, window) mask row by row; the batched
+    form sums the same numbers. The window caps the total at window + 1 keys per row (an upper
+    bound: only the module choice reads it)."""
+    from fi_attention.prefill.hopper.spec import batch_visible_pairs, visible_pairs
+    lens = [(1, 1), (7, 127), (127, 7), (300, 300), (0, 5), (5, 0), (1000, 4097), (64, 64)]
+    for qo, kv in lens:
+        rows = [max(0, min(kv, i + kv - qo + 1)) if causal else kv for i in range(qo)]
+        exact = sum(rows)
+        got = visible_pairs(qo, kv, causal, window)
+        if window < 0:
+            assert got == exact, (qo, kv)
+        else:
+            assert got == min(exact, qo * (window + 1)), (qo, kv)
+            assert got >= sum(min(r, window + 1) for r in rows)
+    qo_t, kv_t = torch.tensor([q for q, _ in lens]), torch.tensor([k for _, k in lens])
+    assert batch_visible_pairs(qo_t, kv_t, causal, window) == sum(visible_pairs(q, k, causal, window)
+                                                                 for q, k in lens)
+
+
+def test_multicast_threshold_between_bench_shapes():
+    """auto: single causal prefill 32/8 heads at L = 16384 takes multicast, 8192 and the paged
+    16 x 2048 batch do not (the bench shapes the threshold was set between)."""
+    from fi_attention.prefill.hopper.spec import MULTICAST_MIN_FLOPS, visible_pairs
+    flops = lambda n, L: 4 * 128 * 32 * n * visible_pairs(L, L, True)  # noqa: E731
+    assert flops(1, 16384) >= MULTICAST_MIN_FLOPS > max(flops(1, 8192), flops(16, 2048))
+
+
 @pytest.mark.parametrize("kw, word", [
     (dict(head_dim_qk=192, head_dim_vo=128), "head_dim"),
     (dict(head_dim_qk=96, head_dim_vo=96), "head_dim"),
@@ -53,14 +83,24 @@ def test_supports_gives_reason(kw, word):
 
 
 def test_multicast_module_choice():
-    """K/V multicast (its own module) with FI_FA3_MULTICAST=1 for head_dim 128 and an even GQA group."""
-    from fi_attention.prefill.hopper.spec import prefill_sm90_spec, use_multicast
-    with knobs.override(FI_FA3_MULTICAST=None):  # off by default
-        assert not use_multicast(128, 32, 8)
+    """K/V multicast (its own module) for head_dim 128 and an even GQA group: FI_FA3_MULTICAST=1
+    always, 0 never, auto (the default) for launches of at least MULTICAST_MIN_FLOPS."""
+    from fi_attention.prefill.hopper.spec import MULTICAST_MIN_FLOPS, prefill_sm90_spec, use_multicast
+    big, small = MULTICAST_MIN_FLOPS, MULTICAST_MIN_FLOPS * 0.99
+    with knobs.override(FI_FA3_MULTICAST=None):  # auto by default
+        assert use_multicast(128, 32, 8, big) and not use_multicast(128, 32, 8, small)
+        assert not use_multicast(128, 32, 8) and not use_multicast(128, 6, 2, big)
+        assert not use_multicast(64, 32, 8, big) and not use_multicast(256, 32, 8, big)
+    with knobs.override(FI_FA3_MULTICAST="auto"):
+        assert use_multicast(128, 32, 8, 2 * big) and not use_multicast(128, 32, 8, 0.0)
+    with knobs.override(FI_FA3_MULTICAST="0"):
+        assert not use_multicast(128, 32, 8, 100 * big)
     with knobs.override(FI_FA3_MULTICAST="1"):
-        assert use_multicast(128, 32, 8) and use_multicast(128, 8, 1) and use_multicast(128, 4, 2)
+        assert use_multicast(128, 32, 8) and use_multicast(128, 8, 1) and use_multicast(128, 4, 2, small)
         assert not use_multicast(128, 6, 2) and not use_multicast(128, 4, 4) and not use_multicast(64, 32, 8)
         assert not use_multicast(256, 32, 8)
+    with knobs.override(FI_FA3_MULTICAST="sometimes"), pytest.raises(ValueError, match="auto, 1 or 0"):
+        use_multicast(128, 32, 8, big)
     spec = prefill_sm90_spec(BF16, 128, True, "9.0a", paged=True, multicast=True)
     assert spec.name.endswith("_mc") and ("FI_FA3_MCAST", "1") in tuple(spec.defines)
     assert "FI_FA3_MCAST" not in dict(prefill_sm90_spec(BF16, 128, True, "9.0a").defines)

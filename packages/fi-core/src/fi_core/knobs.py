@@ -157,11 +157,25 @@ fa3_ctas_raw = _declare(Knob(
     "'all' = one CTA per work tile (non-persistent launch), N > 0 = at most N CTAs."))
 
 
-fa3_multicast = _declare(Knob(
-    "FI_FA3_MULTICAST", "bool", "0",
-    "1: the Hopper prefill kernel at head_dim 128 with an even GQA group runs 2-CTA clusters that "
-    "share each K/V tile by TMA multicast (half the L2-to-SM traffic). H200: +2-3 % under sustained "
-    "load at the 700 W cap (a higher SM clock), 2-4 % slower in short bursts below it."))
+fa3_multicast_raw = _declare(Knob(
+    "FI_FA3_MULTICAST", "str", "auto",
+    "K/V multicast of the Hopper prefill kernel (head_dim 128, even GQA group: 2-CTA clusters share "
+    "each K/V tile by TMA multicast, half the L2-to-SM traffic). auto (default): launches of at "
+    "least fi_attention.prefill.hopper.spec.MULTICAST_MIN_FLOPS of attention work, which run at the "
+    "power cap (H200: about 1 % faster there, about 1 % slower on short launches); 1: always; 0: never."))
+
+
+def fa3_multicast() -> Optional[bool]:
+    """FI_FA3_MULTICAST: True (1), False (0), or None (auto: the prefill runner decides by work)."""
+    raw = fa3_multicast_raw()
+    low = "auto" if raw is None else raw.strip().lower()
+    if low == "auto":
+        return None
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"FI_FA3_MULTICAST must be auto, 1 or 0 (or true/false/yes/no/on/off), got {raw!r}")
 
 
 def fa3_ctas() -> int:

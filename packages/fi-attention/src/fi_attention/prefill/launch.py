@@ -78,6 +78,7 @@ class PrefillCall:
     packed_mask: Optional[torch.Tensor] = None   # uint8, little-endian bits per request
     mask_indptr: Optional[torch.Tensor] = None   # int32 byte offsets per request
     schedule: Optional["Fa2Schedule"] = None
+    work_pairs: Optional[int] = None             # visible (query, key) pairs per qo head (plan), for fa3
 
 
 @dataclass

@@ -29,6 +29,7 @@ from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_r
                      dtype_name, host_lengths, to_float_scale, unpack_mask)
 from .launch import (PrefillCall, default_sm_scale, grid_size, is_short, make_schedule, max_slots_for,
                      plan_fa2)
+from .hopper.spec import batch_visible_pairs
 from .packbits import segment_packbits
 from .spec import cta_rows
 
@@ -131,7 +132,7 @@ class _BatchPrefillBase:
         self._causal = bool(causal)
         self._qo_indptr_dev = self._to_dev("qo_indptr", qo_indptr, self._qo_indptr_buf, non_blocking)
 
-        self._choice = None
+        self._choice = self._work_pairs = None
         if self.device.type == "cuda":
             self._choice = self._op.choose(
                 device=self.device, dtype=self._q_dtype, requested=self._backend, head_dim_qk=head_dim_qk,
@@ -141,6 +142,9 @@ class _BatchPrefillBase:
                 page_size=getattr(self, "_page_size", 1))
             if self._choice.name == "fa2":
                 self._plan_fa2(group, non_blocking)
+            # The batch's attention work picks the fa3 module (K/V multicast for long launches).
+            self._work_pairs = (batch_visible_pairs(qo_lens, kv_lens, self._causal, window_left)
+                                if self._choice.name == "fa3" else None)
         if self._use_cuda_graph:
             self._graph_qo_bound = max(self._graph_qo_bound, self._max_qo_len)
             self._check_graph_replan()
@@ -364,7 +368,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, causal=self._causal,
                 window_left=self._window_left, sm_scale=self._sm_scale, logits_soft_cap=self._soft_cap,
                 pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
-                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr))
+                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr,
+                work_pairs=self._work_pairs))
         return (out, lse) if return_lse else out
 
     def run_return_lse(self, q, k, v, **kw):
@@ -483,7 +488,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                 kv_last_page_len=self._last_dev, causal=self._causal, window_left=self._window_left,
                 sm_scale=self._sm_scale * ks, logits_soft_cap=self._soft_cap,
                 pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
-                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr))
+                rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr,
+                work_pairs=self._work_pairs))
         if vs != 1.0:
             out.mul_(vs)
         return (out, lse) if return_lse else out

@@ -19,7 +19,7 @@ import torch
 from fi_core import arch_of, current_stream, knobs, load
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
-from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast
+from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast, visible_pairs
 
 __all__ = ["supports", "run_ragged", "run_paged", "unsupported_reason", "run", "ARCH"]
 
@@ -96,7 +96,7 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                qo_indptr: Optional[torch.Tensor], kv_indptr: Optional[torch.Tensor],
                out: torch.Tensor, lse: Optional[torch.Tensor], *, causal: bool, sm_scale: float,
                logits_soft_cap: Optional[float] = None, window_left: int = -1,
-               max_qo_len: int, batch_size: int) -> None:
+               max_qo_len: int, batch_size: int, work_pairs: Optional[int] = None) -> None:
     """Ragged prefill attention on Hopper, written into ``out`` (and ``lse``).
 
     Parameters
@@ -121,6 +121,10 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         Sliding window: query ``i`` also needs ``j >= i + kv_len - qo_len - window_left``; -1 = off.
     max_qo_len, batch_size : int
         Host ints: the longest request's query count (an upper bound is fine) and the batch.
+    work_pairs : int, optional
+        Visible (query, key) pairs per query head summed over the batch (``spec.visible_pairs``;
+        the wrappers pass it from their plan). It only picks the module under
+        ``FI_FA3_MULTICAST=auto``; when not given, a batch of equal requests is assumed.
 
     Examples
     --------
@@ -172,8 +176,9 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse.fill_(float("-inf"))
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
+    flops = _work_flops(work_pairs, nnz_q, nnz_kv, batch_size, bool(causal), window_left, hq, d)
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0,
-                                 multicast=use_multicast(d, hq, hkv)))
+                                 multicast=use_multicast(d, hq, hkv, flops)))
     mod.fi_prefill_sm90_ragged(
         q.data_ptr(), k.data_ptr(), v.data_ptr(),
         0 if qo_indptr is None else qo_indptr.data_ptr(),
@@ -192,7 +197,8 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
               out: torch.Tensor, lse: Optional[torch.Tensor], *, k_strides: tuple[int, int, int],
               v_strides: tuple[int, int, int], page_size: int, causal: bool, sm_scale: float,
               logits_soft_cap: Optional[float] = None, window_left: int = -1,
-              max_qo_len: int, batch_size: int, num_kv_heads: Optional[int] = None) -> None:
+              max_qo_len: int, batch_size: int, num_kv_heads: Optional[int] = None,
+              work_pairs: Optional[int] = None) -> None:
     """Prefill attention over a paged KV cache on Hopper, written into ``out`` (and ``lse``).
 
     Parameters
@@ -210,6 +216,8 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
         A multiple of 8 dividing the KV tile (128 for d <= 128, 80 for d = 256), or a multiple of it.
     num_kv_heads : int, optional
         Read from the cache shape and strides when not given.
+    work_pairs : int, optional
+        As in :func:`run_ragged`; when not given, ``kv_indices`` (all of it) bounds the batch's keys.
 
     Examples
     --------
@@ -255,8 +263,10 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
+    flops = _work_flops(work_pairs, nnz_q, kv_indices.numel() * page_size, batch_size, bool(causal),
+                        window_left, hq, d)
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0,
-                                 multicast=use_multicast(d, hq, hkv)))
+                                 multicast=use_multicast(d, hq, hkv, flops)))
     mod.fi_prefill_sm90_paged(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
         kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
@@ -265,6 +275,17 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
         batch_size, int(max_qo_len), float(sm_scale), cap,
         -1 if window_left is None or window_left < 0 else int(window_left), knobs.fa3_ctas(),
         current_stream(q.device))
+
+
+def _work_flops(work_pairs: Optional[int], nnz_q: int, nnz_kv: int, batch: int, causal: bool,
+                window_left: Optional[int], hq: int, d: int) -> float:
+    """Attention FLOPs of a launch (Q K^T and P V over the visible pairs), for the module choice:
+    from the plan's pair count, else from equal requests of nnz_q / batch queries and nnz_kv / batch
+    keys (exact for single prefill)."""
+    if work_pairs is None:
+        b = max(int(batch), 1)
+        work_pairs = b * visible_pairs(nnz_q // b, nnz_kv // b, causal, window_left)
+    return 4.0 * d * hq * work_pairs
 
 
 def _kv_heads(cache: torch.Tensor, strides, page_size: int) -> int:
@@ -301,13 +322,15 @@ def run(call) -> None:
             max_qo = getattr(plan, "max_qo_len", None)
         max_qo = nnz_q if not max_qo else int(max_qo)
     softcap = getattr(call, "logits_soft_cap", 0.0) or None
+    pairs = getattr(call, "work_pairs", None)
     if getattr(call, "paged", False):
         run_paged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.kv_indices, call.kv_last_page_len,
                   call.out, call.lse, k_strides=tuple(call.k_strides), v_strides=tuple(call.v_strides),
                   page_size=int(call.page_size), causal=bool(call.causal), sm_scale=float(call.sm_scale),
                   logits_soft_cap=softcap, window_left=getattr(call, "window_left", -1),
-                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads)
+                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads, work_pairs=pairs)
         return
     run_ragged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.out, call.lse,
                causal=bool(call.causal), sm_scale=float(call.sm_scale), logits_soft_cap=softcap,
-               window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch)
+               window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch,
+               work_pairs=pairs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Optional
 
 import torch
 from fi_core import Arch, Entry, KernelSpec, knobs
@@ -47,12 +48,57 @@ VARIANT = None
 MULTICAST_HEAD_DIM = 128
 
 
-def use_multicast(head_dim: int, num_qo_heads: int, num_kv_heads: int) -> bool:
-    """Whether a call runs the multicast module: with FI_FA3_MULTICAST=1 (off by default, see
-    prefill_sm90.cu kMcast for the H200 measurements), head_dim 128 and an even GQA group (the
-    pair's query heads 2h, 2h + 1 then share a KV head)."""
-    return (head_dim == MULTICAST_HEAD_DIM and (num_qo_heads // num_kv_heads) % 2 == 0
-            and knobs.fa3_multicast())
+# FI_FA3_MULTICAST=auto takes the multicast module for launches of at least this much attention
+# work (2 (d_qk + d_vo) FLOPs per visible (query, key) pair and query head): about 1.6 ms at the
+# kernel's rate, long enough to run at the H200's 700 W cap, where sharing K/V tiles costs less
+# energy per tile and the SM clock rises. Bench routines (causal, 32/8 heads), multicast against
+# not, same machine (benchmarks/notes.md, sessions 24-25): L = 16384 (2.2e12 FLOPs) +1.5, +1.0,
+# +4.4, -1.0 % (the power limiter sets in during its 2 s of replays: medians jump), L = 32768
+# +1.3, +1.1, +0.7 %; L = 4096 -1.4, -0.9 %, L = 8192 (5.5e11) -0.4 %, paged 16 x 2048 (5.5e11)
+# -0.8, +1.2 %. Between them the module is the same and runs differ by up to 2 %.
+MULTICAST_MIN_FLOPS = 1.0e12
+
+
+def visible_pairs(qo_len: int, kv_len: int, causal: bool, window_left: int = -1) -> int:
+    """(query, key) pairs one query head of a request attends to: all of them, or under the
+    bottom-right aligned causal mask sum over rows i of clamp(i + kv_len - qo_len + 1, 0, kv_len);
+    a sliding window caps each row at window_left + 1 keys (applied to the total)."""
+    qo, kv = int(qo_len), int(kv_len)
+    if qo <= 0 or kv <= 0:
+        return 0
+    if not causal:
+        pairs = qo * kv
+    elif qo <= kv:
+        pairs = qo * kv - qo * (qo - 1) // 2
+    else:  # the first qo - kv rows see no key
+        pairs = kv * (kv + 1) // 2
+    return min(pairs, qo * (window_left + 1)) if window_left is not None and window_left >= 0 else pairs
+
+
+def batch_visible_pairs(qo_lens: torch.Tensor, kv_lens: torch.Tensor, causal: bool, window_left: int = -1) -> int:
+    """visible_pairs summed over a batch (host int tensors of per-request lengths), vectorised."""
+    qo, kv = qo_lens.to(torch.int64).clamp(min=0), kv_lens.to(torch.int64).clamp(min=0)
+    if causal:
+        pairs = torch.where(qo <= kv, qo * kv - qo * (qo - 1) // 2, kv * (kv + 1) // 2)
+    else:
+        pairs = qo * kv
+    pairs = torch.where((qo > 0) & (kv > 0), pairs, torch.zeros_like(pairs))
+    if window_left is not None and window_left >= 0:
+        pairs = torch.minimum(pairs, qo * (window_left + 1))
+    return int(pairs.sum())
+
+
+def use_multicast(head_dim: int, num_qo_heads: int, num_kv_heads: int, flops: Optional[float] = None) -> bool:
+    """Whether a call runs the multicast module: only at head_dim 128 with an even GQA group (the
+    pair's query heads 2h, 2h + 1 then share a KV head); then as FI_FA3_MULTICAST says: 1 / 0, or
+    auto (the default): when the launch's attention work ``flops`` is at least
+    MULTICAST_MIN_FLOPS (unknown work: no)."""
+    if head_dim != MULTICAST_HEAD_DIM or num_kv_heads <= 0 or (num_qo_heads // num_kv_heads) % 2:
+        return False
+    mode = knobs.fa3_multicast()
+    if mode is not None:
+        return mode
+    return flops is not None and flops >= MULTICAST_MIN_FLOPS
 
 
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
