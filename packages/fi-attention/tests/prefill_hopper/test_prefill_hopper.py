@@ -499,3 +499,53 @@ def test_multicast_matches_single_cta(case):
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]), "result depends on K/V multicast or the CTA count"
         assert torch.equal(lse, outs[0][1]), "LSE depends on K/V multicast or the CTA count"
+
+
+# Under FI_FA3_MULTICAST=auto the wrappers pick the multicast module from their plan's pair count:
+# 4 causal requests of 8192 tokens at 32/8 heads (2.2e12 FLOPs) take it, the same batch with
+# FI_FA3_MULTICAST=0 does not, and both give the same bits; the last rows of a request match the
+# fp32 reference.
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("paged", [False, True])
+def test_auto_multicast_on_long_batches(paged, monkeypatch):
+    _needs_sm90()
+    from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
+
+    chosen = []
+    real = hopper.use_multicast
+    monkeypatch.setattr(hopper, "use_multicast", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    dev, n, L, hq, hkv, d, page = "cuda", 4, 8192, 32, 8, 128, 16
+    q = testing.randn((n * L, hq, d), BF16, dev, seed=5)
+    k = testing.randn((n * L, hkv, d), BF16, dev, seed=6)
+    v = testing.randn((n * L, hkv, d), BF16, dev, seed=7)
+    indptr = torch.arange(0, n * L + 1, L, dtype=torch.int32, device=dev)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    if paged:
+        pages = n * L // page
+        perm = torch.randperm(pages, generator=torch.Generator().manual_seed(3)).to(dev)
+        cache = torch.empty((pages, 2, page, hkv, d), dtype=BF16, device=dev)
+        cache[perm, 0] = k.view(pages, page, hkv, d)
+        cache[perm, 1] = v.view(pages, page, hkv, d)
+        w = BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa3")
+        w.plan(indptr, torch.arange(0, pages + 1, L // page, dtype=torch.int32, device=dev), perm.to(torch.int32),
+               torch.full((n,), page, dtype=torch.int32, device=dev), hq, hkv, d, page, causal=True,
+               q_data_type=BF16)
+        run = lambda: w.run(q, cache)  # noqa: E731
+    else:
+        w = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
+        w.plan(indptr, indptr, hq, hkv, d, causal=True, q_data_type=BF16)
+        run = lambda: w.run(q, k, v)  # noqa: E731
+    outs = {}
+    for mode in ("auto", "0"):
+        with knobs.override(FI_FA3_MULTICAST=mode):
+            chosen.clear()
+            outs[mode] = run()
+            torch.cuda.synchronize()
+            assert chosen == [mode == "auto"], f"FI_FA3_MULTICAST={mode}: multicast chosen {chosen}"
+    assert torch.equal(outs["auto"], outs["0"]), "multicast (auto) and single-CTA results differ"
+    rows = slice(L - 64, L)  # request 0's last 64 queries see all its keys but the causal tail
+    ref = attention_reference(q[rows].float(), k[:L].float(), v[:L].float(), causal=True, sm_scale=d ** -0.5)
+    got = outs["auto"][rows].float()
+    testing.assert_close(got, ref, dtype=BF16, msg="auto multicast: ")
+    assert testing.rel_error(got, ref) < 8e-3, f"auto multicast: rel. error {testing.rel_error(got, ref):.3e}"
