@@ -130,8 +130,8 @@ constexpr int kSchedBarrier = 1;
 // 64x256 fp32 O at the 240-register limit, and the tile loop's extra live state spills there.
 constexpr bool kPersistent = kHeadDim <= 128;
 // FI_FA3_MCAST = 1 (d = 128 modules for an even GQA group; FI_FA3_MULTICAST=auto, the default,
-// takes them for launches of >= 1e12 FLOPs of attention, spec.MULTICAST_MIN_FLOPS, and 1 / 0
-// always / never): K/V shared by TMA multicast. CTAs launch as 2-CTA clusters whose two CTAs take the
+// takes them for launches of >= 1e12 FLOPs of attention, spec.MULTICAST_MIN_FLOPS; =1 always, =0
+// never): K/V shared by TMA multicast. CTAs launch as 2-CTA clusters whose two CTAs take the
 // tiles of query heads 2h and 2h + 1 (one KV head, same request and m-block: the same KV tiles);
 // each loads one of the two 64-column boxes of every K and V tile into the shared memory of both,
 // halving the L2-to-SM bytes per FLOP. A stage is refilled only once both CTAs' consumers released
@@ -140,8 +140,9 @@ constexpr bool kPersistent = kHeadDim <= 128;
 // sustained L = 16384 at 1658 against 1578 MHz, 604 against 588 TFLOP/s, paged 16 x 2048 430
 // against 423; below the cap it loses per clock (in turns x0.963-0.975 single and ragged, x1.005
 // paged; bench routines single 4k 600 and paged 492 against session 23's 625 and 515), so short
-// launches keep one CTA per tile; long ones (16k and up) gain 1-1.5 % in the bench. A runtime multicast switch in the KV loop had cost ~3 % more (x0.971
-// against x1.001 for this compile-time form), hence the separate module.
+// launches keep one CTA per tile; long ones (16k and up) gain 1-1.5 % in the bench. A runtime
+// multicast switch in the KV loop had cost ~3 % more (x0.971 against x1.001 for this compile-time
+// form), hence the separate module.
 #ifndef FI_FA3_MCAST
 #define FI_FA3_MCAST 0
 #endif
