@@ -108,7 +108,9 @@ def main() -> int:
         is_ab = isinstance(data, dict) and "cases" in data and "environment" in data
         if not (is_ab or (isinstance(data, dict) and "results" in data)):
             continue  # a probe's own format (e.g. tools/decode_layout_probe.py): cited by the notes
-        parts.append(ab_table(data) if is_ab else routine_table(data))
+        table = ab_table(data) if is_ab else routine_table(data)
+        head, _, rest = table.partition("\n")  # name the file under the routine's heading
+        parts.append(f"{head}\n\n`{f.name}`\n{rest}")
         tables += 1
     Path(args.out).write_text("\n\n".join(parts) + "\n")
     print(f"wrote {args.out} from {tables} result file(s) ({len(files) - tables} probe files cited only)")
