@@ -53,9 +53,9 @@ MULTICAST_HEAD_DIM = 128
 # kernel's rate, long enough to run at the H200's 700 W cap, where sharing K/V tiles costs less
 # energy per tile and the SM clock rises. Bench routines (causal, 32/8 heads), multicast against
 # not, same machine (benchmarks/notes.md, sessions 24-25): L = 16384 (2.2e12 FLOPs) +1.5, +1.0,
-# +4.4, -1.0 % (the power limiter sets in during its 2 s of replays: medians jump), L = 32768
-# +1.3, +1.1, +0.7 %; L = 4096 -1.4, -0.9 %, L = 8192 (5.5e11) -0.4 %, paged 16 x 2048 (5.5e11)
-# -0.8, +1.2 %. Between them the module is the same and runs differ by up to 2 %.
+# +4.4, -1.0, -0.5, +0.7 % (the power limiter sets in during its 2 s of replays: medians jump),
+# L = 32768 +1.3, +1.1, +0.7, +1.2, +1.9 %; L = 4096 -1.4, -0.9 %, L = 8192 (5.5e11) -0.4 %, paged
+# 16 x 2048 (5.5e11) -0.8, +1.2 %. Runs of one module differ by up to 2 %.
 MULTICAST_MIN_FLOPS = 1.0e12
 
 
