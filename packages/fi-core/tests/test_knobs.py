@@ -12,6 +12,18 @@ def test_bool_and_int_knobs():
         assert knobs.log_dispatch() is False and knobs.max_jobs() is None
 
 
+
+def test_auto_bool_knob():
+    """auto-bool knobs (FI_FA3_MULTICAST): None for auto (also the default and an empty value),
+    else a bool; anything else is an error naming the variable and the accepted words."""
+    for raw, want in ((None, None), ("", None), ("AUTO", None), ("on", True), ("1", True), ("off", False),
+                      ("0", False)):
+        with knobs.override(FI_FA3_MULTICAST=raw):
+            assert knobs.fa3_multicast() is want, raw
+    with knobs.override(FI_FA3_MULTICAST="2"):
+        with pytest.raises(ValueError, match="FI_FA3_MULTICAST must be one of auto/1/0"):
+            knobs.fa3_multicast()
+
 def test_bad_values_name_the_variable():
     with knobs.override(FI_CHECK_INPUTS="maybe"):
         with pytest.raises(ValueError, match="FI_CHECK_INPUTS"):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 @dataclass(frozen=True)
 class Knob:
     name: str
-    kind: str  # "str" | "int" | "bool" | "path"
+    kind: str  # "str" | "int" | "bool" | "auto-bool" (None = auto) | "path"
     default: Optional[str]
     doc: str
     aliases: tuple[str, ...] = ()
@@ -69,15 +69,19 @@ def refresh() -> None:
 
 def _convert(knob: Knob):
     raw = knob.raw()
-    if knob.kind == "bool":
+    if knob.kind in ("bool", "auto-bool"):
+        auto = knob.kind == "auto-bool"
         if raw is None:
-            return False
+            return None if auto else False
         low = raw.strip().lower()
+        if auto and low == "auto":
+            return None
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{knob.name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
+        raise ValueError(f"{knob.name} must be one of {'auto/' if auto else ''}1/0/true/false/yes/no/on/off, "
+                         f"got {raw!r}")
     if knob.kind == "int":
         if raw is None:
             return None
@@ -157,25 +161,12 @@ fa3_ctas_raw = _declare(Knob(
     "'all' = one CTA per work tile (non-persistent launch), N > 0 = at most N CTAs."))
 
 
-fa3_multicast_raw = _declare(Knob(
-    "FI_FA3_MULTICAST", "str", "auto",
+fa3_multicast = _declare(Knob(
+    "FI_FA3_MULTICAST", "auto-bool", "auto",
     "K/V multicast of the Hopper prefill kernel (head_dim 128, even GQA group: 2-CTA clusters share "
     "each K/V tile by TMA multicast, half the L2-to-SM traffic). auto (default): launches of at "
     "least fi_attention.prefill.hopper.spec.MULTICAST_MIN_FLOPS of attention work, which run at the "
     "power cap (H200: about 1 % faster there, about 1 % slower on short launches); 1: always; 0: never."))
-
-
-def fa3_multicast() -> Optional[bool]:
-    """FI_FA3_MULTICAST: True (1), False (0), or None (auto: the prefill runner decides by work)."""
-    raw = fa3_multicast_raw()
-    low = "auto" if raw is None else raw.strip().lower()
-    if low == "auto":
-        return None
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"FI_FA3_MULTICAST must be auto, 1 or 0 (or true/false/yes/no/on/off), got {raw!r}")
 
 
 def fa3_ctas() -> int:
