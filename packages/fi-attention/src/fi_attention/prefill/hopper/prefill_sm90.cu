@@ -11,14 +11,15 @@
 //            transposed from smem through an MN-major descriptor).
 // Intra-warpgroup overlap: the Q K^T of tile n-1 is issued before the P V of tile n, so the softmax
 // of tile n-1 runs on the CUDA cores while the tensor cores do P V (FA3 paper, section 3.2); the
-// two consumer warpgroups issue independently (no ping-pong, see kPingPong).
-// Opt-in (FI_FA3_MULTICAST=1), d = 128 with an even GQA group: 2-CTA clusters share every K/V tile
-// by TMA multicast (kMcast).
+// two consumer warpgroups issue independently (no ping-pong, see kPingPong). Across work tiles
+// (persistent CTAs, d = 64 / 128): a tile's last P V is issued with the next tile's first Q K^T
+// (kCrossTile).
+// Long launches at d = 128 with an even GQA group (FI_FA3_MULTICAST, auto by default): 2-CTA
+// clusters share every K/V tile by TMA multicast (kMcast).
 // setmaxnreg moves registers from the producer (24-32) to the consumers (which hold a 64xd fp32 O
 // tile, a 64xkBlockN fp32 S tile and a 16-bit P tile per warpgroup); see kProducerRegs.
 // Measured on the H200 and not kept (tools/ab_fa3.py in turns, benchmarks/notes.md session 15):
-// the next tile's first Q K^T issued with the current tile's last P V (x0.85-0.97; sessions 6 and
-// 15), tiles of 32 tokens x the 4 query heads of a KV head (ragged x0.95), tiles walked by groups of
+// tiles of 32 tokens x the 4 query heads of a KV head (ragged x0.95), tiles walked by groups of
 // requests for L2 reuse (hit rate 65 -> 86 %, same time: the batch cases are not memory-bound).
 // Session 18 (prefill_fa3_ab_session18_*.json): 1/8 to 1/2 of the softmax's exponentials on the FMA
 // pipe (a degree-3 polynomial) x0.87-0.99, 24/240 registers for the ragged kernel x0.994-1.000,
@@ -173,6 +174,22 @@ using SmemLayoutVt = decltype(composition(
 // d = 256 keeps SS (its consumers sit at the 240-register limit). FI_FA3_VARIANT bit 64: SS at
 // d = 64 and 128, for A/B runs.
 constexpr bool kQInRegs = kHeadDim <= 128 && !(FI_FA3_VARIANT & 64);
+// Cross-tile overlap (persistent d = 64 / 128 kernels with Q in registers): a tile's last P V is
+// not waited for at its end but issued together with the next tile's first Q K^T, whose mask and
+// row max then run on the CUDA cores under that P V (ptxas places the exponentials after the P V
+// wait there), followed by the previous tile's epilogue. Q in registers is what makes this
+// possible: the next tile's Q has landed a whole tile ahead (its buffer is released at the current
+// tile's start); with one Q buffer released after the last Q K^T the same schedule had waited for
+// Q (x0.85-0.97, sessions 6 and 15). The previous tile's descriptor is still read during the next
+// tile's first block, after the consumers released the next tile's Q, so the descriptor ring holds
+// three tiles. tools/ab_fa3.py against the source without it (H200, paired medians of 31 rounds,
+// prefill_fa3_ab_session26_crosstile3.json): single 4k x1.009, 16k x1.011, ragged 16 x 2048
+// x1.008, paged x1.003, paged with pages in order x1.004. Small: the kernels run at the board's
+// power cap, where idle time saved partly turns into a lower clock. Not with the soft cap (its
+// d = 128 consumers, which already spill 8 bytes, spilled 24 with it). FI_FA3_VARIANT bit 1024
+// turns it off for A/B runs.
+constexpr bool kCrossTile = kPersistent && kQInRegs && !kSoftcap && !(FI_FA3_VARIANT & 1024);
+constexpr int kDescSlots = kCrossTile ? 3 : 2;
 using QKShape = Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>;
 using TiledMmaQK = decltype(make_tiled_mma(
     std::conditional_t<kQInRegs, decltype(GMMA::rs_op_selector<Element, Element, float, QKShape>()),
@@ -191,9 +208,10 @@ using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
 // The consumers read no indptr or page table: decoding a tile from global memory (dependent L2
 // round trips for indptrs and last_page_len) sat at the start and end of every tile on the
 // consumers' critical path. Read with lds at each use (never held in registers through the KV
-// loop: that made the d=256 consumers spill at 240). Slot q_it % 2: the producer writes tile q_it
-// after the consumers' release of Q for tile q_it - 1, by which time tile q_it - 2, the slot's
-// previous tile, is finished.
+// loop: that made the d=256 consumers spill at 240). Slot q_it % kDescSlots: the producer writes
+// tile q_it after the consumers' release of Q for tile q_it - 1. With two slots the slot's
+// previous tile, q_it - 2, is finished by then; with kCrossTile the consumers release Q of tile
+// q_it - 1 before the epilogue of tile q_it - 2, so a third slot keeps that tile's descriptor.
 enum TileDescField {
   kDescKind,     // kTileWork, kTileNoKeys (no row sees a key: O = 0, lse = -inf), kTileEnd
   kDescRowDiag,  // m_block * kBlockM + kv_len - qo_len: tile row r sees keys j <= r + row_diag
@@ -221,9 +239,9 @@ struct alignas(1024) SharedStorage {
   // extra half iteration and serialise the next K load behind the P V GEMM.
   uint64_t empty_k[kStages];
   uint64_t empty_v[kStages];
-  // The consumers' work tiles, published by the producer (see TileDesc): slot q_it % 2 holds the
-  // q_it-th tile of this CTA.
-  int tiles[2][kDescInts];
+  // The consumers' work tiles, published by the producer (see TileDesc): slot q_it % kDescSlots
+  // holds the q_it-th tile of this CTA.
+  int tiles[kDescSlots][kDescInts];
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to align the base
@@ -490,11 +508,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       // The single Q buffer (and so the next descriptor slot) is free once both consumer
       // warpgroups are done with the previous tile's Q: at its start with kQInRegs (the Q load
       // overlaps that whole tile), else after its last Q K^T (the load overlaps their last P V
-      // and epilogue). Either way the slot written next held the tile before the previous one,
-      // which both warpgroups finished before they released the previous tile's Q.
+      // and epilogue). Either way the slot written next held a tile that both warpgroups
+      // finished before they released the previous tile's Q (see TileDesc).
       auto publish = [&](int kind, const Tile& w) {
         mbar_wait(&ss.empty_q, (q_it & 1) ^ 1);
-        int* d = ss.tiles[q_it & 1];
+        int* d = ss.tiles[q_it % kDescSlots];
         sts(&d[kDescKind], kind);
         if (kind != kTileEnd) {
           sts(&d[kDescRowDiag], w.m_block * kBlockM + w.diag);
@@ -667,7 +685,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   row_in_tile[1] = get<0>(tScS(2));
 
   int q_it = 0;  // tiles received so far; the current one's descriptor (TileDesc) is read at each use
-  auto desc = [&](int field) { return lds(&ss.tiles[q_it & 1][field]); };
+  int dslot = 0;  // q_it % kDescSlots
+  auto desc = [&](int field) { return lds(&ss.tiles[dslot][field]); };
   auto row_diag_of = [&]() { return desc(kDescRowDiag); };
   auto kv_len_of = [&]() { return desc(kDescKvLen); };
   const int window = p.window_left;
@@ -760,14 +779,70 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     }
   };
 
+  // Normalise O by the row sums and write it (pairs of 16-bit values) and the base-2 LSE of the
+  // tile in descriptor slot `slot`. Straight from registers (no smem), so the producer's loads for
+  // the next tile proceed meanwhile.
+  auto epilogue = [&](int slot, const float (&sum)[2], const float (&mx)[2]) {
+    const int* d = ss.tiles[slot];
+    const int rows = lds(&d[kDescRows]), q_row = lds(&d[kDescQRow]), head = lds(&d[kDescHead]);
+    float tot[2], inv[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      tot[i] = quad_sum(sum[i]);
+      inv[i] = tot[i] > 0.f ? 1.f / tot[i] : 0.f;
+    }
+    Element* o_tile = p.o + int64_t(head) * p.o_head + int64_t(q_row) * p.o_tok;
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); v += 2) {
+      const int r = get<0>(tOcO(v));
+      const int c = get<1>(tOcO(v));
+      if (r < rows) {
+        const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
+        *reinterpret_cast<uint32_t*>(o_tile + int64_t(r) * p.o_tok + c) = packed;
+      }
+    }
+    if (p.lse != nullptr && (tid % 4) == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int r = row_in_tile[i];
+        if (r < rows) {
+          const float l = tot[i] > 0.f ? mx[i] * sl2 + fi::log2_approx(tot[i]) : fi::kNegInf;
+          p.lse[int64_t(q_row + r) * p.num_qo_heads + head] = l;
+        }
+      }
+    }
+  };
+
   int kv_it = 0;  // KV tiles consumed by this CTA so far: stage and phase, in step with the producer
-  for (;; ++q_it) {
+  // kCrossTile: the previous tile (descriptor slot pslot) still owes its last P V (P holds its
+  // P(n_start), O its partial output, row_max / row_sum its statistics; its V is KV tile
+  // kv_it - 1, already counted) and its epilogue.
+  bool pending = false;
+  int pslot = 0;
+  // The last P V of a tile on its own (V = KV tile `it`), then its epilogue: every tile without
+  // kCrossTile; with it, the tile before an end or a tile without keys. kv_it advances at the
+  // same places on every path (a count that depended on `pending` made ptxas keep it, and the
+  // wgmma descriptors of the KV loop, in vector registers: R2UR before every HGMMA).
+  auto finish = [&](int it, int slot) {
+    const int s = it % kStages;
+    mbar_wait(&ss.full_v[s], (it / kStages) & 1);
+    gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    release(&ss.empty_v[s]);
+    epilogue(slot, row_sum, row_max);
+  };
+  for (;; ++q_it, dslot = dslot + 1 == kDescSlots ? 0 : dslot + 1) {
     // A CTA of the non-persistent launch (d = 256) has one tile; saying so keeps the loop's state
-    // out of the registers of its consumers, which sit at the 240 limit.
+    // out of the registers of its consumers, which sit at the 240-register limit.
     if (!kPersistent && q_it > 0) break;
     // The producer's arrive on bar_q publishes the tile (and, for a work tile, its Q lands).
     mbar_wait(&ss.bar_q, q_it & 1);
     const int kind = desc(kDescKind);
+    if (kCrossTile && pending && kind != kTileWork) {
+      finish(kv_it - 1, pslot);
+      pending = false;
+    }
     if (kind == kTileEnd) break;
     if (kind == kTileNoKeys) {
       // No row of this tile sees any key: O = 0, lse = -inf (FlashInfer's convention). The
@@ -784,13 +859,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     }
     const int n_start = desc(kDescNStart);
     int n = desc(kDescNEnd) - 1;
+    // The previous tile's statistics, for its epilogue after this tile's first softmax.
+    float prev_sum[2], prev_max[2];
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
+      prev_sum[i] = row_sum[i];
+      prev_max[i] = row_max[i];
       row_max[i] = fi::kNegInf;
       row_sum[i] = 0.f;
     }
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+    if (!(kCrossTile && pending)) {
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+    }
 
     float rescale[2];  // the O factor of the latest softmax
     if constexpr (kQInRegs) {
@@ -801,7 +882,35 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       cute::copy(q_copy, tQs, tQr);
       mbar_arrive(&ss.empty_q);  // Q is in registers: the next tile's Q may load
     }
-    {
+    if (kCrossTile && pending) {
+      // S(n) = Q K(n)^T of this tile runs with the previous tile's last P V queued behind it; this
+      // tile's first mask and row max run under that P V, the previous tile's epilogue after it.
+      const int sv = (kv_it - 1) % kStages, sk = kv_it % kStages;
+      mbar_wait(&ss.full_k[sk], (kv_it / kStages) & 1);
+      mbar_wait(&ss.full_v[sv], ((kv_it - 1) / kStages) & 1);
+      sched_sync();
+      gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, sk), tSrS);
+      gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, sv), tOrO);
+      sched_arrive();
+      warpgroup_wait<1>();  // S(n) ready; the P V still running
+      warpgroup_fence_operand(tSrS);
+      release(&ss.empty_k[sk]);
+      if (kSoftcap) apply_softcap();
+      if (needs_mask(n)) mask_tile(n);
+      softmax(rescale);  // this tile's O starts at zero: its factor is applied to nothing
+      // The mbarrier wait ends the basic block, which keeps ptxas from hoisting the wgmma wait to
+      // the row max (see the KV loop); it is this tile's first V, needed by its next P V anyway.
+      // ptxas still sinks the exponentials below the wait (nvcc 13.0: they feed only convert_p),
+      // and neither a register fence nor __syncwarp() kept them above it.
+      mbar_wait(&ss.full_v[sk], (kv_it / kStages) & 1);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      release(&ss.empty_v[sv]);
+      convert_p();
+      epilogue(pslot, prev_sum, prev_max);
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+    } else {
       const int s = kv_it % kStages;
       mbar_wait(&ss.full_k[s], (kv_it / kStages) & 1);
       sched_sync();
@@ -848,46 +957,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       rescale_o(rescale);
       convert_p();
     }
-    {
-      const int s = kv_it % kStages;
-      mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
-      gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      release(&ss.empty_v[s]);
-      ++kv_it;
+    if constexpr (kCrossTile) {
+      pending = true;  // the last P V goes with the next tile's first Q K^T
+      pslot = dslot;
+    } else {
+      finish(kv_it, dslot);
     }
-
-    // ---- epilogue: normalise, write O (pairs of 16-bit values) and the base-2 LSE. Straight
-    // from registers (no smem), so the producer's loads for the next tile proceed meanwhile.
-    // The tile's coordinates come from its descriptor (shared memory).
-    const int rows = desc(kDescRows), q_row = desc(kDescQRow), head = desc(kDescHead);
-    float inv[2];
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      row_sum[i] = quad_sum(row_sum[i]);
-      inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
-    }
-    Element* o_tile = p.o + int64_t(head) * p.o_head + int64_t(q_row) * p.o_tok;
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); v += 2) {
-      const int r = get<0>(tOcO(v));
-      const int c = get<1>(tOcO(v));
-      if (r < rows) {
-        const uint32_t packed = pack2(tOrO(v) * inv[row_of(v)], tOrO(v + 1) * inv[row_of(v)]);
-        *reinterpret_cast<uint32_t*>(o_tile + int64_t(r) * p.o_tok + c) = packed;
-      }
-    }
-    if (p.lse != nullptr && (tid % 4) == 0) {
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int r = row_in_tile[i];
-        if (r < rows) {
-          const float l = row_sum[i] > 0.f ? row_max[i] * sl2 + fi::log2_approx(row_sum[i]) : fi::kNegInf;
-          p.lse[int64_t(q_row + r) * p.num_qo_heads + head] = l;
-        }
-      }
-    }
+    ++kv_it;
   }
   // The turn passing continues across tiles (both warpgroups walk the same tiles with the same
   // number of GEMM brackets); WG1 takes WG2's last pending arrive before exiting.
