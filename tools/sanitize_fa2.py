@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""One batch of fa2 (portable) prefill through the public ragged wrapper (5 requests of unequal
+lengths, GQA 4/2, head_dim 128, causal, bf16) with inputs made on the CPU and a CPU reference, for
+compute-sanitizer on the GPU machine (see tools/sanitize_fa3.py for why the reference is on the CPU):
+
+    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa2.py
+    compute-sanitizer --tool synccheck python3 tools/sanitize_fa2.py   # named-barrier use
+    compute-sanitizer --tool memcheck python3 tools/sanitize_fa2.py
+
+The planner spreads the requests over several work lists of unequal length, so a ping-pong build
+(FI_FA2_PP) runs groups whose turn counts differ and a CTA whose second group has no work.
+Exit status 0 when the result matches the reference (max abs error < 3e-2).
+"""
+import sys
+
+import torch
+
+from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper
+
+torch.manual_seed(0)
+dev = "cuda"
+HQ, HKV, D = 4, 2, 128
+qo_lens = [300, 7, 1000, 129, 64]
+kv_lens = [300, 100, 1200, 700, 64]
+bf16 = torch.bfloat16
+
+
+def ref(q, k, v):
+    s = torch.einsum("qhd,khd->hqk", q.float(), k.float().repeat_interleave(HQ // HKV, 1)) * D ** -0.5
+    L, S = q.shape[0], k.shape[0]
+    mask = torch.arange(S)[None, :] > torch.arange(L)[:, None] + (S - L)
+    s = s.masked_fill(mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", s.softmax(-1), v.float().repeat_interleave(HQ // HKV, 1))
+
+
+def indptr(lens):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+
+
+qi, ki = indptr(qo_lens), indptr(kv_lens)
+q = torch.randn(int(qi[-1]), HQ, D).to(bf16)
+k = torch.randn(int(ki[-1]), HKV, D).to(bf16)
+v = torch.randn(int(ki[-1]), HKV, D).to(bf16)
+ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+w = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
+w.plan(qi.to(dev), ki.to(dev), HQ, HKV, D, causal=True, q_data_type=bf16)
+got = w.run(q.to(dev), k.to(dev), v.to(dev)).cpu().float()
+err = 0.0
+for b in range(len(qo_lens)):
+    r = ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]])
+    err = max(err, (got[qi[b]:qi[b + 1]] - r).abs().max().item())
+print(f"fa2 ragged d={D}: max abs err vs CPU reference {err:.3e}")
+sys.exit(0 if err < 3e-2 else 1)
