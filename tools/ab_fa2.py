@@ -8,10 +8,11 @@ them alike.
 
 Cases (GQA 32/8, bf16, head_dim 128, single prefill through ``backend="fa2"``, causal unless named
 full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
-BatchPrefillWithRaggedKVCacheWrapper).
+BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
+random order: BatchPrefillWithPagedKVCacheWrapper).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
-commit's, unpacked with ``git show``), built under its own module name. ``--build-only`` compiles
+commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with kv tiles of N. ``--build-only`` compiles
 the modules for sm_90a and exits. Every build's output must match the first build's.
 """
 
@@ -32,17 +33,21 @@ NOTE = ("fixed inputs, CUDA graphs of 5 calls, builds timed in turns; paired_spe
 
 
 def spec_factory(build: str):
-    """A replacement for prefill.spec.fa2_spec that returns the given build's module spec."""
+    """A replacement for prefill.spec.fa2_spec that returns the given build's module spec.
+    ``BUILD@N`` compiles the build with kv tiles of N (FI_KV_TILE) instead of spec.py's choice."""
     from fi_attention.prefill import spec as ps  # noqa: PLC0415
 
-    if build == "0":
+    build, _, kv_tile = build.partition("@")
+    if build == "0" and not kv_tile:
         return ps.fa2_spec
-    path = Path(build).resolve()
+    path = Path(build).resolve() if build != "0" else Path(ps.__file__).with_name("prefill_fa2.cu")
     tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
 
     def make(*args, **kw):
         s = ps.fa2_spec(*args, **kw)
-        return dataclasses.replace(s, name=f"{s.name}_{tag}", sources=(path,))
+        defines = dict(s.defines, FI_KV_TILE=int(kv_tile)) if kv_tile else s.defines
+        return dataclasses.replace(s, name=f"{s.name}_{tag}{'n' + kv_tile if kv_tile else ''}",
+                                   sources=(path,), defines=defines)
     return make
 
 
@@ -72,7 +77,8 @@ SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 409
 def cases(names, dev):
     """name -> (flops, make(build) -> fn returning the output) with inputs allocated once."""
     from fi_core import testing  # noqa: PLC0415
-    from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper, single_prefill_with_kv_cache  # noqa: PLC0415
+    from fi_attention.prefill import (  # noqa: PLC0415
+        BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper, single_prefill_with_kv_cache)
 
     out = {}
     bf16 = torch.bfloat16
@@ -111,8 +117,37 @@ def cases(names, dev):
                         return w.run(q, k, v, out=o)
                 return fn
             flops = batch * 4.0 * L * L * HQ * D / 2
+        elif name == "paged":
+            # the bench routine's paged batch: 16 x 2048 causal, page 16, pages in random order
+            batch, L, ps_ = 16, 2048, 16
+            pages_per = L // ps_
+            q = testing.randn((batch * L, HQ, D), bf16, dev, seed=7)
+            cache = testing.randn((batch * pages_per, 2, ps_, HKV, D), bf16, dev, seed=8)
+            qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * L
+            kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per
+            kv_indices = torch.randperm(batch * pages_per, generator=testing.generator(0)).to(torch.int32)
+            last = torch.full((batch,), ps_, dtype=torch.int32)
+            o = torch.empty_like(q)
+
+            def make(build, q=q, cache=cache, o=o, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                     kv_indices=kv_indices, last=last):
+                w = BatchPrefillWithPagedKVCacheWrapper(
+                    torch.empty(256 << 20, dtype=torch.uint8, device=dev), backend="fa2", use_cuda_graph=True,
+                    qo_indptr_buf=torch.zeros_like(qo_indptr, device=dev),
+                    paged_kv_indptr_buf=torch.zeros_like(kv_indptr, device=dev),
+                    paged_kv_indices_buf=torch.zeros_like(kv_indices, device=dev),
+                    paged_kv_last_page_len_buf=torch.zeros_like(last, device=dev))
+                with use_build(build):
+                    w.plan(qo_indptr, kv_indptr, kv_indices, last, HQ, HKV, D, ps_, causal=True,
+                           q_data_type=bf16)
+
+                def fn():
+                    with use_build(build):
+                        return w.run(q, cache, out=o)
+                return fn
+            flops = batch * 4.0 * L * L * HQ * D / 2
         else:
-            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged'])}")
+            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged', 'paged'])}")
         out[name] = (flops, make)
     return out
 

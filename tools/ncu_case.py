@@ -11,7 +11,8 @@ fa3 cases FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
 prefill_paged128_ragged_layout (the paged kernel on page 128 in order, K and V in two tensors),
 prefill_full (fa3 single prefill L=4096 without a mask: the mainloop alone), prefill_causal (fa3
 single prefill L=8192 causal; for both, FA3_VARIANT=N in the environment builds FI_FA3_VARIANT=N),
-prefill_fa2_causal (the portable fa2 kernel on the same L=8192 causal prefill), segment_lora (segment
+prefill_fa2_causal (the portable fa2 kernel on the same L=8192 causal prefill), prefill_fa2_paged /
+prefill_fa2_ragged (the fa2 kernel on the prefill_paged / prefill_ragged batches), segment_lora (segment
 GEMM, 8 segments x 512 rows, 4096 -> 16), gemv_m16 (mm_bf16 M=16, N=K=4096), sdpa_b128 (torch SDPA on
 decode b128's contiguous K/V), stream_read (torch sum over 4.3 GB, a plain read). Each call is checked
 nowhere: the bench routines and GPU tests check these shapes; this script only launches them.
@@ -53,7 +54,7 @@ def _fa3_variant():
         spec.VARIANT = int(os.environ["FA3_VARIANT"])
 
 
-def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_layout=False):
+def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_layout=False, backend="fa3"):
     """ragged_layout: pages in order, K and V as two tensors (the ragged case's addresses)."""
     from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper  # noqa: PLC0415
 
@@ -71,12 +72,12 @@ def _prefill_paged(batch=16, length=2048, hq=32, hkv=8, d=128, page=16, ragged_l
         cache = torch.randn(batch * pages, 2, page, hkv, d, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(batch * length, hq, d, device="cuda", dtype=torch.bfloat16)
     w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
-                                            backend="fa3")
+                                            backend=backend)
     w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page, causal=True, q_data_type=torch.bfloat16)
     return lambda: w.run(q, cache)
 
 
-def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
+def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128, backend="fa3"):
     from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper  # noqa: PLC0415
 
     _fa3_variant()
@@ -85,7 +86,7 @@ def _prefill_ragged(batch=16, length=2048, hq=32, hkv=8, d=128):
     k = torch.randn(batch * length, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
-                                             backend="fa3")
+                                             backend=backend)
     w.plan(indptr, indptr, hq, hkv, d, causal=True, q_data_type=torch.bfloat16)
     return lambda: w.run(q, k, v)
 
@@ -148,6 +149,8 @@ CASES = {
     "prefill_full": lambda: _prefill_single(4096, causal=False),
     "prefill_causal": lambda: _prefill_single(8192, causal=True),
     "prefill_fa2_causal": lambda: _prefill_single(8192, causal=True, backend="fa2"),
+    "prefill_fa2_paged": lambda: _prefill_paged(backend="fa2"),
+    "prefill_fa2_ragged": lambda: _prefill_ragged(backend="fa2"),
     "segment_lora": _segment_lora,
     "gemv_m16": _gemv_m16,
     "sdpa_b128": _sdpa_b128,

@@ -5,7 +5,10 @@ compute-sanitizer on the GPU machine (see tools/sanitize_fa3.py for why the refe
 
     compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa2.py
     compute-sanitizer --tool synccheck python3 tools/sanitize_fa2.py   # named-barrier use
-    compute-sanitizer --tool memcheck python3 tools/sanitize_fa2.py
+    compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_fa2.py [--paged]
+
+--paged runs the same batch through the paged wrapper (page 16, NHD, pages of all requests
+shuffled over the cache, partial last pages), which exercises the paged kernel's row-offset table.
 
 The planner spreads the requests over several work lists of unequal length, so a ping-pong build
 (FI_FA2_PP) runs groups whose turn counts differ and a CTA whose second group has no work.
@@ -15,7 +18,7 @@ import sys
 
 import torch
 
-from fi_attention.prefill import BatchPrefillWithRaggedKVCacheWrapper
+from fi_attention.prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
 
 torch.manual_seed(0)
 dev = "cuda"
@@ -42,12 +45,31 @@ q = torch.randn(int(qi[-1]), HQ, D).to(bf16)
 k = torch.randn(int(ki[-1]), HKV, D).to(bf16)
 v = torch.randn(int(ki[-1]), HKV, D).to(bf16)
 ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-w = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
-w.plan(qi.to(dev), ki.to(dev), HQ, HKV, D, causal=True, q_data_type=bf16)
-got = w.run(q.to(dev), k.to(dev), v.to(dev)).cpu().float()
+paged = "--paged" in sys.argv[1:]
+if paged:
+    PS = 16
+    n_pages = [(n + PS - 1) // PS for n in kv_lens]
+    perm = torch.randperm(sum(n_pages)).to(torch.int32)
+    cache = torch.zeros(sum(n_pages), 2, PS, HKV, D, dtype=bf16)
+    first = 0
+    for b, n in enumerate(kv_lens):
+        for t in range(n):
+            page = perm[first + t // PS]
+            cache[page, 0, t % PS] = k[ki[b] + t]
+            cache[page, 1, t % PS] = v[ki[b] + t]
+        first += n_pages[b]
+    pi = indptr(n_pages)
+    last = torch.tensor([n - (c - 1) * PS for n, c in zip(kv_lens, n_pages)], dtype=torch.int32)
+    w = BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+    w.plan(qi.to(dev), pi.to(dev), perm.to(dev), last.to(dev), HQ, HKV, D, PS, causal=True, q_data_type=bf16)
+    got = w.run(q.to(dev), cache.to(dev)).cpu().float()
+else:
+    w = BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
+    w.plan(qi.to(dev), ki.to(dev), HQ, HKV, D, causal=True, q_data_type=bf16)
+    got = w.run(q.to(dev), k.to(dev), v.to(dev)).cpu().float()
 err = 0.0
 for b in range(len(qo_lens)):
     r = ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]])
     err = max(err, (got[qi[b]:qi[b + 1]] - r).abs().max().item())
-print(f"fa2 ragged d={D}: max abs err vs CPU reference {err:.3e}")
+print(f"fa2 {'paged' if paged else 'ragged'} d={D}: max abs err vs CPU reference {err:.3e}")
 sys.exit(0 if err < 3e-2 else 1)

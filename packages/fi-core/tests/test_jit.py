@@ -75,6 +75,24 @@ def test_hash_covers_nvcc_version(tmp_path, monkeypatch):
     assert make_spec(src).source_key() == make_spec(src).source_key()
 
 
+def test_replaced_spec_gets_its_own_key(tmp_path):
+    """A spec derived with dataclasses.replace (A/B tools build variants this way) after the
+    original's key was memoised must hash its own fields: a copied memo gave the derived spec the
+    original's key, and the loader then returned the original's module for it."""
+    import dataclasses  # noqa: PLC0415
+
+    src = make_sources(tmp_path / "k")
+    other = make_sources(tmp_path / "k2", helper_value="2.0f")
+    base = make_spec(src, defines={"A": "1"})
+    k0 = base.key()
+    for derived in (dataclasses.replace(base, defines={"A": "2"}), dataclasses.replace(base, sources=(other,)),
+                    dataclasses.replace(base, name="fi_unit_b")):
+        assert derived.key() != k0
+        assert derived.key() == KernelSpec(**{f.name: getattr(derived, f.name)
+                                              for f in dataclasses.fields(derived) if f.init}).key()
+    assert base.key() == k0
+
+
 def test_spec_validation(tmp_path):
     src = make_sources(tmp_path / "k")
     with pytest.raises(ValueError, match="unknown argument codes"):

@@ -52,6 +52,8 @@ def _test_specs(arch):
     specs += [fa2_spec(f16, 128, 128, False, arch), fa2_spec(f16, 128, 128, False, arch, kv_dtype=torch.float8_e5m2)]
     specs += [fa2_spec(bf, a, b, False, arch, rope=True) for a, b in ((64, 64), (192, 128))]
     specs += [fa2_spec(bf, 64, 64, True, arch)]  # cascade test
+    specs += [fa2_spec(bf, 256, 256, True, arch)]
+    specs += [fa2_spec(bf, 128, 128, True, arch, softcap=True)]
     specs += [fa2_spec(bf, 128, 128, paged, arch, short=True) for paged in (False, True)]  # short batches
     return specs
 
@@ -261,6 +263,30 @@ def test_paged_matches_ragged(page_size, layout, as_tensor):
     testing.assert_close(lse, ref_lse, **LSE_TOL)
     _close(out_r, ref, torch.bfloat16, "ragged: ")
     testing.assert_close(lse_r, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("dqk,dvo,page_size,feature", [
+    (64, 64, 5, None), (256, 256, 5, None), (128, 128, 7, "window_softcap"), (128, 128, 3, "hnd_noncausal")])
+def test_paged_head_dims_odd_pages_features(dqk, dvo, page_size, feature):
+    """Paged KV at every paged head dim with page sizes that are not powers of two, so kv tiles
+    start and end inside pages and the per-row offset table holds several pages per tile, plus
+    window + soft cap and HND without causality at d = 128."""
+    qo, kv = [1, 130, 64, 300], [70, 130, 1000, 301]
+    layout = "HND" if feature == "hnd_noncausal" else "NHD"
+    kw = dict(causal=feature != "hnd_noncausal")
+    if feature == "window_softcap":
+        kw.update(window_left=100, logits_soft_cap=30.0)
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, dqk, dvo, torch.bfloat16, seed=dqk + page_size)
+    (kc, vc), indptr, indices, last = _paged(kv, k, v, page_size, layout, seed=3)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"),
+                                            kv_layout=layout, backend=BACKEND)
+    with _backend_may_refuse():
+        w.plan(_indptr(qo), indptr, indices, last, 8, 2, dqk, page_size, head_dim_vo=dvo,
+               q_data_type=torch.bfloat16, **kw)
+        out, lse = w.run(q, (kc, vc), return_lse=True)
+    ref, ref_lse = _per_request_ref(q, k, v, qo, kv, **kw)
+    _close(out, ref, torch.bfloat16)
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
 
 
 def test_paged_fp8_kv():

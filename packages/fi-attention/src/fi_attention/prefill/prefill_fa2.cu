@@ -132,22 +132,57 @@ __device__ __forceinline__ int tid_remat() {
   return v;
 }
 
+#if FI_PAGED
+// Paged caches: the element offsets page * stride_p + slot * stride_n of a kv tile's KN rows, for K
+// (first KN) and V (next KN), live in shared memory, one buffer per tile parity, so the copies of
+// a tile read one offset per row instead of each dividing by the page size and loading the page
+// table (a dependent global load in front of every cp.async, ~4x the issue slots of a contiguous
+// copy). Thread i < KN owns row i: it loads the row's page a tile before it writes the row's
+// offsets (page_of_row for tile it + 3 during tile it, write_row_offsets for tile it + 2), so the
+// page-table load's latency is hidden behind a tile of mma instead of stalling its warp.
+__device__ __forceinline__ int page_of_row(const Params& p, const Request& r, int t0, int kv_hi) {
+  const int pos = t0 + tid_remat();
+  return tid_remat() < KN && pos < kv_hi ? __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size) : 0;
+}
+
+__device__ __forceinline__ void write_row_offsets(int64_t* dst, const Params& p, int t0, int page) {
+  const int i = tid_remat();
+  if (i < KN) {
+    const int slot = (t0 + i) % p.page_size;  // rows past kv_hi: page 0, never read by a copy
+    dst[i] = (int64_t)page * p.k_sp + (int64_t)slot * p.k_sn;
+    dst[KN + i] = (int64_t)page * p.v_sp + (int64_t)slot * p.v_sn;
+  }
+}
+#endif
+
 // Copy KN kv rows [t0, t0 + KN) of one head into smem (CH 16-byte chunks per row, XOR-swizzled
-// when SWZ); rows >= kv_hi are zero-filled.
+// when SWZ); rows >= kv_hi are zero-filled. Paged caches read the rows' offsets from `row_off`
+// (write_row_offsets); the generic loop covers rows the fast loop's thread mapping does not fit
+// (d = 192, which is ragged only).
 template <int CH, bool SWZ = true>
 __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base, int64_t sp,
                                              int64_t sn, int64_t sh, const Params& p,
-                                             const Request& r, int t0, int kv_hi, int h) {
-#if !FI_PAGED
+                                             const Request& r, int t0, int kv_hi, int h,
+                                             const int64_t* row_off) {
   if constexpr (NT % CH == 0 && KN % (NT / CH) == 0) {
-    // Contiguous rows: thread i always copies 16-byte column i % CH of rows i / CH + k * RP, so
-    // one 64-bit source pointer stepped by RP rows serves all of them and the shared-memory
-    // offsets are compile-time constants plus a per-thread base (~5 instructions per copy,
-    // against ~20 for the generic loop below: at d = 128 that is most of a tile's issue slots
-    // outside the mma).
+    // Thread i always copies 16-byte column i % CH of rows i / CH + k * RP, so the shared-memory
+    // offsets are compile-time constants plus a per-thread base; contiguous rows step one 64-bit
+    // source pointer by RP rows (~5 instructions per copy, against ~20 for the generic loop
+    // below: at d = 128 that is most of a tile's issue slots outside the mma), paged rows add
+    // their offset from shared memory (one more load and add).
     constexpr int RP = NT / CH;
     const int tid = tid_remat();
     const int ch = tid % CH, r0 = tid / CH;
+#if FI_PAGED
+    const KVT* src0 = g_base + (int64_t)h * sh + ch * (16 / (int)sizeof(KVT));
+#pragma unroll
+    for (int k = 0; k < KN / RP; ++k) {
+      const int row = r0 + k * RP;
+      const bool ok = t0 + row < kv_hi;
+      fi::cp_async_16(s_base + (row * CH + (SWZ ? fi::swizzle_chunk(row, ch) : ch)) * 16,
+                      ok ? src0 + row_off[row] : g_base, ok);
+    }
+#else
     const int64_t step = (int64_t)RP * sn;
     const KVT* src = g_base + (int64_t)(r.kv_tok0 + t0 + r0) * sn + (int64_t)h * sh + ch * (16 / (int)sizeof(KVT));
 #pragma unroll
@@ -157,9 +192,9 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
       fi::cp_async_16(s_base + (row * CH + (SWZ ? fi::swizzle_chunk(row, ch) : ch)) * 16, ok ? src : g_base, ok);
       src += step;
     }
+#endif
     return;
   }
-#endif
   // Not unrolled: an unrolled loop keeps every row's 64-bit source address live at once, and
   // those registers are what the mma accumulators need.
 #pragma unroll 1
@@ -173,11 +208,13 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
 }
 
 // Issue the copies of kv tile [t0, t0 + KN) into pipeline stage `stage` (global format).
+// `row_off`: the tile's paged row offsets (K then V), unused for contiguous caches.
 __device__ __forceinline__ void load_stage(uint32_t stage, const Params& p, const Request& r, int t0,
-                                           int kv_hi, int h) {
+                                           int kv_hi, int h, const int64_t* row_off) {
   constexpr bool kSwz = !FI_KV_FP8;  // raw fp8 rows are only read row-linearly by the converter
-  load_kv_tile<RQK, kSwz>(stage, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0, kv_hi, h);
-  load_kv_tile<RVO, kSwz>(stage + KN * DQK * (int)sizeof(KVT), p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0, kv_hi, h);
+  load_kv_tile<RQK, kSwz>(stage, p.k, p.k_sp, p.k_sn, p.k_sh, p, r, t0, kv_hi, h, row_off);
+  load_kv_tile<RVO, kSwz>(stage + KN * DQK * (int)sizeof(KVT), p.v, p.v_sp, p.v_sn, p.v_sh, p, r, t0,
+                          kv_hi, h, row_off + KN);
 }
 
 #if FI_KV_FP8
@@ -236,9 +273,11 @@ __device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of,
 }
 #endif
 
-// Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars.
+// Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars, (paged) two
+// tiles' row offsets.
 constexpr int kInfoOffset = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
-constexpr int kSmemBytes = kInfoOffset + 16;
+constexpr int kRowOffOffset = kInfoOffset + 16;
+constexpr int kSmemBytes = kRowOffOffset + (FI_PAGED ? 2 * 2 * KN * (int)sizeof(int64_t) : 0);
 
 __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -274,7 +313,17 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     const T* src = ok ? p.q + (int64_t)(r.qo_start + qi) * p.q_sn + (int64_t)hq * p.q_sh + ch * 8 : p.q;
     fi::cp_async_16(sQ + (row * CQK + fi::swizzle_chunk(row, ch)) * 16, src, ok);
   }
-  if (n_tiles > 0) load_stage(sKV, p, r, kv_lo, kv_hi, kvh);
+  int64_t* row_off = reinterpret_cast<int64_t*>(smem + kRowOffOffset);  // [tile parity][K, V][KN]
+#if FI_PAGED
+  // Offsets of tiles 0 and 1; later tiles' are written two tiles ahead inside the loop, from
+  // pages loaded three tiles ahead.
+  static_assert(NT >= KN, "one thread per kv tile row");
+  write_row_offsets(row_off, p, kv_lo, page_of_row(p, r, kv_lo, kv_hi));
+  write_row_offsets(row_off + 2 * KN, p, kv_lo + KN, page_of_row(p, r, kv_lo + KN, kv_hi));
+  int next_page = page_of_row(p, r, kv_lo + 2 * KN, kv_hi);
+  __syncthreads();
+#endif
+  if (n_tiles > 0) load_stage(sKV, p, r, kv_lo, kv_hi, kvh, row_off);
   fi::cp_async_commit();
 
   // This thread's rows: (mt, h) -> packed row row_start + warp * WARP_M + mt * 16 + g + 8 h.
@@ -334,9 +383,18 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
     __syncthreads();
     const int kv_hi = reinterpret_cast<volatile int*>(s_info)[0];  // (same value, from smem)
     if (it + 1 < n_tiles) {
-      load_stage(sKV + ((it + 1) & 1) * kStageBytes, p, r, t0 + KN, kv_hi, kvh);
+      load_stage(sKV + ((it + 1) & 1) * kStageBytes, p, r, t0 + KN, kv_hi, kvh,
+                 row_off + ((it + 1) & 1) * 2 * KN);
       fi::cp_async_commit();
     }
+#if FI_PAGED
+    // Tile it + 2's offsets go where tile it's were: every thread issued tile it's copies in
+    // the previous iteration, before the barrier above; the next barrier publishes them.
+    if (it + 2 < n_tiles) {
+      write_row_offsets(row_off + (it & 1) * 2 * KN, p, t0 + 2 * KN, next_page);
+      next_page = page_of_row(p, r, t0 + 3 * KN, kv_hi);
+    }
+#endif
 #if FI_KV_FP8
     // The widened buffer is free: every warp passed the barrier above, so finished tile it-1.
     widen_tile<RQK, CQK>(smem + (stage - sQ), smem + (sK - sQ));

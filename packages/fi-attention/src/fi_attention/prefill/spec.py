@@ -48,13 +48,6 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
     return 16 * warps * m_tiles
 
 
-def smem_bytes(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False) -> int:
-    kv_tile = tile_config(head_dim_qk, head_dim_vo, custom_mask)[2]
-    q_elems = cta_rows(head_dim_qk, head_dim_vo, custom_mask) * head_dim_qk
-    kv_elems = 2 * kv_tile * (head_dim_qk + head_dim_vo)
-    return (q_elems + kv_elems) * 2 + 16
-
-
 def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,
                 alibi: bool, rope: bool) -> int:
     """The kv tile a variant is compiled with. 32 rows per warp at d = 128 with kv tiles of 64

@@ -96,7 +96,10 @@ class KernelSpec:
     include_dirs: tuple[Path, ...] = ()
     cutlass: bool = False
     package: str = ""
-    _key: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # Memoised hashes. init=False: dataclasses.replace() must start a derived spec with an empty
+    # memo (an init field would be copied, and the derived spec would answer with the key of the
+    # spec it was made from, so the loader would hand back that spec's module).
+    _key: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
