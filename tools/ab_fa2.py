@@ -12,7 +12,8 @@ BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache,
 random order: BatchPrefillWithPagedKVCacheWrapper).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
-commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with kv tiles of N. ``--build-only`` compiles
+commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
+kv tiles of N. ``--build-only`` compiles
 the modules for sm_90a and exits. Every build's output must match the first build's.
 """
 
@@ -119,18 +120,18 @@ def cases(names, dev):
             flops = batch * 4.0 * L * L * HQ * D / 2
         elif name == "paged":
             # the bench routine's paged batch: 16 x 2048 causal, page 16, pages in random order
-            batch, L, ps_ = 16, 2048, 16
-            pages_per = L // ps_
+            batch, L, page = 16, 2048, 16
+            pages_per = L // page
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=7)
-            cache = testing.randn((batch * pages_per, 2, ps_, HKV, D), bf16, dev, seed=8)
+            cache = testing.randn((batch * pages_per, 2, page, HKV, D), bf16, dev, seed=8)
             qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * L
             kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per
             kv_indices = torch.randperm(batch * pages_per, generator=testing.generator(0)).to(torch.int32)
-            last = torch.full((batch,), ps_, dtype=torch.int32)
+            last = torch.full((batch,), page, dtype=torch.int32)
             o = torch.empty_like(q)
 
             def make(build, q=q, cache=cache, o=o, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                     kv_indices=kv_indices, last=last):
+                     kv_indices=kv_indices, last=last, page=page):
                 w = BatchPrefillWithPagedKVCacheWrapper(
                     torch.empty(256 << 20, dtype=torch.uint8, device=dev), backend="fa2", use_cuda_graph=True,
                     qo_indptr_buf=torch.zeros_like(qo_indptr, device=dev),
@@ -138,7 +139,7 @@ def cases(names, dev):
                     paged_kv_indices_buf=torch.zeros_like(kv_indices, device=dev),
                     paged_kv_last_page_len_buf=torch.zeros_like(last, device=dev))
                 with use_build(build):
-                    w.plan(qo_indptr, kv_indptr, kv_indices, last, HQ, HKV, D, ps_, causal=True,
+                    w.plan(qo_indptr, kv_indptr, kv_indices, last, HQ, HKV, D, page, causal=True,
                            q_data_type=bf16)
 
                 def fn():
