@@ -51,12 +51,10 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
 def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,
                 alibi: bool, rope: bool) -> int:
     """The kv tile a variant is compiled with. 32 rows per warp at d = 128 with kv tiles of 64
-    fills all 255 registers; variants with more live state (ALiBi slopes, RoPE) and sm_8x code
-    (ptxas allocates differently) spill there, so they keep kv tiles of 32. Paged sm_90 code spills
-    a few registers at 64 (64 bytes, ptxas) and still runs x1.15 faster than at 32 (tools/ab_fa2.py,
-    session 29), so it takes 64. The kv tile is invisible to the host (the planner only needs the
-    CTA rows)."""
-    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or alibi or rope):
+    fills all 255 registers; variants with more live state (paged page lookups, ALiBi slopes,
+    RoPE) and sm_8x code (ptxas allocates differently) spill there, so they keep kv tiles of 32.
+    The kv tile is invisible to the host (the planner only needs the CTA rows)."""
+    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or paged or alibi or rope):
         return 32
     return kv_tile
 
