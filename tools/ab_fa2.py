@@ -9,7 +9,8 @@ them alike.
 Cases (GQA 32/8, bf16, head_dim 128, single prefill through ``backend="fa2"``, causal unless named
 full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
 BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
-random order: BatchPrefillWithPagedKVCacheWrapper).
+random order: BatchPrefillWithPagedKVCacheWrapper); paged_softcap (the same with logits_soft_cap 30),
+paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
 commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
@@ -73,6 +74,9 @@ class use_build:
 
 
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
+# paged cases: (logits soft cap, KV dtype)
+PAGED = {"paged": (None, torch.bfloat16), "paged_softcap": (30.0, torch.bfloat16),
+         "paged_fp8": (None, torch.float8_e4m3fn)}
 
 
 def cases(names, dev):
@@ -118,12 +122,14 @@ def cases(names, dev):
                         return w.run(q, k, v, out=o)
                 return fn
             flops = batch * 4.0 * L * L * HQ * D / 2
-        elif name == "paged":
+        elif name in PAGED:
             # the bench routine's paged batch: 16 x 2048 causal, page 16, pages in random order
             batch, L, page = 16, 2048, 16
             pages_per = L // page
+            soft_cap, kv_dtype = PAGED[name]
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=7)
-            cache = testing.randn((batch * pages_per, 2, page, HKV, D), bf16, dev, seed=8)
+            cache = testing.randn((batch * pages_per, 2, page, HKV, D), bf16, dev, seed=8).to(kv_dtype)
+            scale = 0.5 if kv_dtype != bf16 else None
             qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * L
             kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_per
             kv_indices = torch.randperm(batch * pages_per, generator=testing.generator(0)).to(torch.int32)
@@ -131,7 +137,8 @@ def cases(names, dev):
             o = torch.empty_like(q)
 
             def make(build, q=q, cache=cache, o=o, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                     kv_indices=kv_indices, last=last, page=page):
+                     kv_indices=kv_indices, last=last, page=page, soft_cap=soft_cap, kv_dtype=kv_dtype,
+                     scale=scale):
                 w = BatchPrefillWithPagedKVCacheWrapper(
                     torch.empty(256 << 20, dtype=torch.uint8, device=dev), backend="fa2", use_cuda_graph=True,
                     qo_indptr_buf=torch.zeros_like(qo_indptr, device=dev),
@@ -140,15 +147,15 @@ def cases(names, dev):
                     paged_kv_last_page_len_buf=torch.zeros_like(last, device=dev))
                 with use_build(build):
                     w.plan(qo_indptr, kv_indptr, kv_indices, last, HQ, HKV, D, page, causal=True,
-                           q_data_type=bf16)
+                           q_data_type=bf16, kv_data_type=kv_dtype, logits_soft_cap=soft_cap)
 
                 def fn():
                     with use_build(build):
-                        return w.run(q, cache, out=o)
+                        return w.run(q, cache, out=o, k_scale=scale, v_scale=scale)
                 return fn
             flops = batch * 4.0 * L * L * HQ * D / 2
         else:
-            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged', 'paged'])}")
+            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged', *PAGED])}")
         out[name] = (flops, make)
     return out
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Compile check: build every registered op's representative kernel variants with nvcc for the
 given archs (default sm_80 and sm_90a) and fail on ptxas spills or on warning C7510 (wgmma
-serialised across a function boundary, which makes Hopper kernels much slower).
+serialised across a function boundary, which makes Hopper kernels much slower). A spec may declare
+a ``spill_budget`` (bytes) where a measurement showed the spilling build faster than the
+spill-free one; spills up to it are reported, not failed.
 
 ptxas does not always warn: where paths with different wgmma groups in flight merge, it serialises
 every wgmma of the kernel silently (a fa3 prefill variant ran 30 % slower that way, session 15).
@@ -73,6 +75,22 @@ def parse_sass_wgmma(sass: str) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
+def spill_problems(spec, kernels: dict[str, dict]) -> tuple[list[str], str]:
+    """Spills in a module's ptxas report (``kernels``: per-kernel numbers from meta.json) beyond the
+    spec's ``spill_budget`` (0 unless the spec declares a measured exception), and a note of the
+    spills the budget let through."""
+    budget = getattr(spec, "spill_budget", 0)
+    problems, allowed = [], []
+    for fn, k in kernels.items():
+        st, ld = k.get("spill_stores", 0), k.get("spill_loads", 0)
+        if max(st, ld) > budget:
+            problems.append(f"{spec.name}[{spec.arch}] {fn}: {st} B spill stores, {ld} B spill loads"
+                            f"{f' (budget {budget} B)' if budget else ''}")
+        elif st or ld:
+            allowed.append(f"{max(st, ld)} B spills within its budget of {budget} B")
+    return problems, "; ".join(allowed)
+
+
 def sass_problems(spec, counts: dict[str, tuple[int, int]]) -> tuple[list[str], int]:
     """Problems in an sm_90a module's SASS (``counts`` from sass_wgmma), and its wgmma count."""
     problems = []
@@ -110,10 +128,8 @@ def main() -> int:
     for s, d in zip(specs, dirs):
         meta = json.loads((d / "meta.json").read_text())
         rep = meta["ptxas"]
-        for fn, k in rep["kernels"].items():
-            if k.get("spill_stores", 0) or k.get("spill_loads", 0):
-                problems.append(f"{s.name}[{s.arch}] {fn}: {k['spill_stores']} B spill stores, "
-                                f"{k['spill_loads']} B spill loads")
+        found, allowed = spill_problems(s, rep["kernels"])
+        problems += found
         for w in rep["warnings"]:
             if "C7510" in w or "serialized" in w:
                 problems.append(f"{s.name}[{s.arch}]: {w}")
@@ -123,6 +139,7 @@ def main() -> int:
             found, gmma = sass_problems(s, sass_wgmma(cuobjdump, d / MODULE))
             problems += found
             extra = f", {gmma} wgmma in SASS" if gmma else ""
+        extra += f", {allowed}" if allowed else ""
         print(f"  ok  {s.name:<40} {str(s.arch):<8} max {regs} regs, {len(rep['kernels'])} kernel(s){extra}")
     print(f"built/checked in {time.time() - t0:.0f} s")
     if problems:

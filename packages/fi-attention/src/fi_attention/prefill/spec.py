@@ -51,12 +51,21 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
 def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,
                 alibi: bool, rope: bool) -> int:
     """The kv tile a variant is compiled with. 32 rows per warp at d = 128 with kv tiles of 64
-    fills all 255 registers; variants with more live state (paged page lookups, ALiBi slopes,
-    RoPE) and sm_8x code (ptxas allocates differently) spill there, so they keep kv tiles of 32.
-    The kv tile is invisible to the host (the planner only needs the CTA rows)."""
-    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or paged or alibi or rope):
+    fills all 255 registers; variants with more live state (ALiBi slopes, RoPE) and sm_8x code
+    (ptxas allocates differently) spill there, so they keep kv tiles of 32. Paged caches on sm_90
+    take 64 although they spill (see PAGED_SPILL_BUDGET). The kv tile is invisible to the host
+    (the planner only needs the CTA rows)."""
+    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or alibi or rope):
         return 32
     return kv_tile
+
+
+# d = 128 paged variants at kv tiles of 64 spill 20-64 bytes on sm_90a (the page bookkeeping's
+# registers; per kv tile that is a few local loads that stay in L1). Measured in turns on the H200
+# (session 30, tools/ab_fa2.py paged, 7 rounds): kv tile 64 with its 64-byte spill x1.123 over the
+# spill-free kv tile 32; the spill-free rewrites found (row sums / maxima in shared memory, page
+# ids by cp.async) x1.099-1.100, slower than the spill. So these modules declare the budget.
+PAGED_SPILL_BUDGET = 64
 
 
 ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_fa2_info", ("ptr",)))
@@ -87,4 +96,5 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
         },
         entries=ENTRIES,
         package="fi_attention.prefill",
+        spill_budget=PAGED_SPILL_BUDGET if paged and kv_tile == 64 and m_tiles == 2 and head_dim_qk == 128 else 0,
     )

@@ -96,6 +96,10 @@ class KernelSpec:
     include_dirs: tuple[Path, ...] = ()
     cutlass: bool = False
     package: str = ""
+    # Spill bytes (stores or loads, per kernel) the compile check (tools/compile_check.py) accepts
+    # for this module; 0 for every module unless a measurement showed the spilling build faster
+    # than its spill-free alternative (the spec that sets it says which). Not part of the key.
+    spill_budget: int = field(default=0, compare=False)
     # Memoised hashes. init=False: dataclasses.replace() must start a derived spec with an empty
     # memo (an init field would be copied, and the derived spec would answer with the key of the
     # spec it was made from, so the loader would hand back that spec's module).
