@@ -133,31 +133,42 @@ __device__ __forceinline__ int tid_remat() {
 }
 
 #if FI_PAGED
-// Paged caches: the element offsets page * stride_p + slot * stride_n of a kv tile's KN rows, for K
-// (first KN) and V (next KN), live in shared memory, one buffer per tile parity, so the copies of
-// a tile read one offset per row instead of each dividing by the page size and loading the page
-// table (a dependent global load in front of every cp.async, ~4x the issue slots of a contiguous
-// copy). Thread i < KN owns row i: it loads the row's page a tile before it writes the row's
-// offsets (page_of_row for tile it + 3 during tile it, write_row_offsets for tile it + 2), so the
+// Paged caches: the global addresses of a kv tile's KN rows (this item's head), for K (first KN)
+// and V (next KN), live in shared memory, one buffer per tile parity, so the copies of a tile
+// read one address per row instead of each dividing by the page size and loading the page table
+// (a dependent global load in front of every cp.async, ~4x the issue slots of a contiguous copy).
+// Thread i < KN owns row i: it loads the row's page a tile before it writes the row's addresses
+// (page_of_row for tile it + 3 during tile it, write_row_addresses for tile it + 2), so the
 // page-table load's latency is hidden behind a tile of mma instead of stalling its warp.
 __device__ __forceinline__ int page_of_row(const Params& p, const Request& r, int t0, int kv_hi) {
   const int pos = t0 + tid_remat();
   return tid_remat() < KN && pos < kv_hi ? __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size) : 0;
 }
 
-__device__ __forceinline__ void write_row_offsets(int64_t* dst, const Params& p, int t0, int page) {
+// Where row `row` of a tile sits in the address table of a copy with CH chunks per row: the rows
+// one thread copies (row % RP, then every RP-th row) are adjacent, so it reads two per 16-byte load.
+template <int CH>
+__device__ __forceinline__ int row_slot(int row) {
+  constexpr int RP = NT / CH;
+  return (row % RP) * (KN / RP) + row / RP;
+}
+
+__device__ __forceinline__ void write_row_addresses(int64_t* dst, const Params& p, int t0, int page, int h) {
   const int i = tid_remat();
   if (i < KN) {
-    const int slot = (t0 + i) % p.page_size;  // rows past kv_hi: page 0, never read by a copy
-    dst[i] = (int64_t)page * p.k_sp + (int64_t)slot * p.k_sn;
-    dst[KN + i] = (int64_t)page * p.v_sp + (int64_t)slot * p.v_sn;
+    // rows past kv_hi get page 0: a valid address that no copy reads (they are zero-filled)
+    const int slot = (t0 + i) % p.page_size;
+    dst[row_slot<RQK>(i)] = reinterpret_cast<int64_t>(
+        p.k + ((int64_t)page * p.k_sp + (int64_t)slot * p.k_sn + (int64_t)h * p.k_sh));
+    dst[KN + row_slot<RVO>(i)] = reinterpret_cast<int64_t>(
+        p.v + ((int64_t)page * p.v_sp + (int64_t)slot * p.v_sn + (int64_t)h * p.v_sh));
   }
 }
 #endif
 
 // Copy KN kv rows [t0, t0 + KN) of one head into smem (CH 16-byte chunks per row, XOR-swizzled
-// when SWZ); rows >= kv_hi are zero-filled. Paged caches read the rows' offsets from `row_off`
-// (write_row_offsets); the generic loop covers rows the fast loop's thread mapping does not fit
+// when SWZ); rows >= kv_hi are zero-filled. Paged caches read the rows' addresses from `row_off`
+// (write_row_addresses); the generic loop covers rows the fast loop's thread mapping does not fit
 // (d = 192, which is ragged only).
 template <int CH, bool SWZ = true>
 __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base, int64_t sp,
@@ -168,19 +179,26 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
     // Thread i always copies 16-byte column i % CH of rows i / CH + k * RP, so the shared-memory
     // offsets are compile-time constants plus a per-thread base; contiguous rows step one 64-bit
     // source pointer by RP rows (~5 instructions per copy, against ~20 for the generic loop
-    // below: at d = 128 that is most of a tile's issue slots outside the mma), paged rows add
-    // their offset from shared memory (one more load and add).
+    // below: at d = 128 that is most of a tile's issue slots outside the mma), paged rows take
+    // their address from shared memory (half a 16-byte load and an add of the column).
     constexpr int RP = NT / CH;
     const int tid = tid_remat();
     const int ch = tid % CH, r0 = tid / CH;
 #if FI_PAGED
-    const KVT* src0 = g_base + (int64_t)h * sh + ch * (16 / (int)sizeof(KVT));
+    // This thread's rows r0 + k * RP have adjacent addresses (row_slot): two per 16-byte load.
+    static_assert((KN / RP) % 2 == 0, "paged row addresses are read in pairs");
+    const longlong2* tab = reinterpret_cast<const longlong2*>(row_off + r0 * (KN / RP));
+    // All of the thread's addresses are read before its first copy: a copy right after a
+    // shared-memory load costs ptxas's three-slot guard, once per load-copy pair otherwise.
+    longlong2 a[KN / RP / 2];
+#pragma unroll
+    for (int k = 0; k < KN / RP / 2; ++k) a[k] = tab[k];
 #pragma unroll
     for (int k = 0; k < KN / RP; ++k) {
       const int row = r0 + k * RP;
       const bool ok = t0 + row < kv_hi;
       fi::cp_async_16(s_base + (row * CH + (SWZ ? fi::swizzle_chunk(row, ch) : ch)) * 16,
-                      ok ? src0 + row_off[row] : g_base, ok);
+                      reinterpret_cast<const KVT*>(k % 2 ? a[k / 2].y : a[k / 2].x) + ch * (16 / (int)sizeof(KVT)), ok);
     }
 #else
     const int64_t step = (int64_t)RP * sn;
@@ -208,7 +226,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
 }
 
 // Issue the copies of kv tile [t0, t0 + KN) into pipeline stage `stage` (global format).
-// `row_off`: the tile's paged row offsets (K then V), unused for contiguous caches.
+// `row_off`: the tile's paged row addresses (K then V), unused for contiguous caches.
 __device__ __forceinline__ void load_stage(uint32_t stage, const Params& p, const Request& r, int t0,
                                            int kv_hi, int h, const int64_t* row_off) {
   constexpr bool kSwz = !FI_KV_FP8;  // raw fp8 rows are only read row-linearly by the converter
@@ -274,7 +292,7 @@ __device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of,
 #endif
 
 // Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars, (paged) two
-// tiles' row offsets.
+// tiles' row addresses.
 constexpr int kInfoOffset = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
 constexpr int kRowOffOffset = kInfoOffset + 16;
 constexpr int kSmemBytes = kRowOffOffset + (FI_PAGED ? 2 * 2 * KN * (int)sizeof(int64_t) : 0);
@@ -315,11 +333,11 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   }
   int64_t* row_off = reinterpret_cast<int64_t*>(smem + kRowOffOffset);  // [tile parity][K, V][KN]
 #if FI_PAGED
-  // Offsets of tiles 0 and 1; later tiles' are written two tiles ahead inside the loop, from
+  // Addresses of tiles 0 and 1; later tiles' are written two tiles ahead inside the loop, from
   // pages loaded three tiles ahead.
   static_assert(NT >= KN, "one thread per kv tile row");
-  write_row_offsets(row_off, p, kv_lo, page_of_row(p, r, kv_lo, kv_hi));
-  write_row_offsets(row_off + 2 * KN, p, kv_lo + KN, page_of_row(p, r, kv_lo + KN, kv_hi));
+  write_row_addresses(row_off, p, kv_lo, page_of_row(p, r, kv_lo, kv_hi), kvh);
+  write_row_addresses(row_off + 2 * KN, p, kv_lo + KN, page_of_row(p, r, kv_lo + KN, kv_hi), kvh);
   int next_page = page_of_row(p, r, kv_lo + 2 * KN, kv_hi);
   __syncthreads();
 #endif
@@ -388,10 +406,10 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       fi::cp_async_commit();
     }
 #if FI_PAGED
-    // Tile it + 2's offsets go where tile it's were: every thread issued tile it's copies in
+    // Tile it + 2's addresses go where tile it's were: every thread issued tile it's copies in
     // the previous iteration, before the barrier above; the next barrier publishes them.
     if (it + 2 < n_tiles) {
-      write_row_offsets(row_off + (it & 1) * 2 * KN, p, t0 + 2 * KN, next_page);
+      write_row_addresses(row_off + (it & 1) * 2 * KN, p, t0 + 2 * KN, next_page, kvh);
       next_page = page_of_row(p, r, t0 + 3 * KN, kv_hi);
     }
 #endif
