@@ -10,7 +10,7 @@ Cases (GQA 32/8, bf16, head_dim 128, single prefill through ``backend="fa2"``, c
 full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
 BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
 random order: BatchPrefillWithPagedKVCacheWrapper); paged_softcap (the same with logits_soft_cap 30),
-paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5).
+paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5), paged_fp8_softcap (both).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
 commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
@@ -76,7 +76,7 @@ class use_build:
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
 # paged cases: (logits soft cap, KV dtype)
 PAGED = {"paged": (None, torch.bfloat16), "paged_softcap": (30.0, torch.bfloat16),
-         "paged_fp8": (None, torch.float8_e4m3fn)}
+         "paged_fp8": (None, torch.float8_e4m3fn), "paged_fp8_softcap": (30.0, torch.float8_e4m3fn)}
 
 
 def cases(names, dev):

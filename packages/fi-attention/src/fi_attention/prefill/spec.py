@@ -60,13 +60,13 @@ def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arc
     return kv_tile
 
 
-# d = 128 paged variants at kv tiles of 64 on sm_90a: with 16-bit KV they are spill-free; with fp8 KV
-# (the widening pass's registers on top of the page bookkeeping) they spill 72 bytes, a few local
-# loads per kv tile that stay in L1. Measured in turns on the H200 (session 30, tools/ab_fa2.py):
-# paged fp8 at kv 64 x1.113 over the spill-free kv 32 (with 52 bytes of spill), and the 72-byte
-# build x1.008 of that one; so the fp8 paged modules declare the budget. (Spill-free rewrites of
-# the 16-bit variants that kept row sums / maxima in shared memory were slower than a spill.)
-PAGED_FP8_SPILL_BUDGET = 72
+# d = 128 paged variants at kv tiles of 64 on sm_90a are spill-free except with fp8 KV and a soft
+# cap together (12 bytes: a few local loads per kv tile that stay in L1). Kv tiles of 64 measured
+# in turns on the H200 against 32 (session 30, tools/ab_fa2.py): x1.111 paged, x1.087 with soft
+# cap, x1.113 with fp8 KV, before the row-address table made them faster still. So fp8 paged
+# modules declare a budget; spill-free rewrites of earlier spilling versions that kept the row
+# sums / maxima in shared memory were slower than the spill.
+PAGED_FP8_SPILL_BUDGET = 16
 
 
 ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_fa2_info", ("ptr",)))
