@@ -10,7 +10,8 @@ Cases (GQA 32/8, bf16, head_dim 128, single prefill through ``backend="fa2"``, c
 full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
 BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
 random order: BatchPrefillWithPagedKVCacheWrapper); paged_softcap (the same with logits_soft_cap 30),
-paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5), paged_fp8_softcap (both).
+paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5), paged_fp8_softcap (both); ragged_alibi / ragged_rope /
+paged_alibi / paged_rope (pos_encoding_mode ALIBI / ROPE_LLAMA).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
 commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
@@ -75,8 +76,12 @@ class use_build:
 
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
 # paged cases: (logits soft cap, KV dtype)
-PAGED = {"paged": (None, torch.bfloat16), "paged_softcap": (30.0, torch.bfloat16),
-         "paged_fp8": (None, torch.float8_e4m3fn), "paged_fp8_softcap": (30.0, torch.float8_e4m3fn)}
+# batch cases: name -> (logits soft cap, KV dtype, pos_encoding_mode)
+RAGGED = {"ragged": (None, torch.bfloat16, "NONE"), "ragged_alibi": (None, torch.bfloat16, "ALIBI"),
+          "ragged_rope": (None, torch.bfloat16, "ROPE_LLAMA")}
+PAGED = {"paged": (None, torch.bfloat16, "NONE"), "paged_softcap": (30.0, torch.bfloat16, "NONE"),
+         "paged_fp8": (None, torch.float8_e4m3fn, "NONE"), "paged_fp8_softcap": (30.0, torch.float8_e4m3fn, "NONE"),
+         "paged_alibi": (None, torch.bfloat16, "ALIBI"), "paged_rope": (None, torch.bfloat16, "ROPE_LLAMA")}
 
 
 def cases(names, dev):
@@ -100,22 +105,23 @@ def cases(names, dev):
                         return single_prefill_with_kv_cache(q, k, v, causal=causal, backend="fa2")
                 return fn
             flops = 4.0 * L * L * HQ * D / (2 if causal else 1)
-        elif name == "ragged":
+        elif name in RAGGED:
             batch, L = 16, 2048
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
             k = testing.randn((batch * L, HKV, D), bf16, dev, seed=5)
             v = testing.randn((batch * L, HKV, D), bf16, dev, seed=6)
             o = torch.empty_like(q)
             indptr = torch.arange(batch + 1, dtype=torch.int32) * L
+            pos = RAGGED[name][2]
 
-            def make(build, q=q, k=k, v=v, o=o, indptr=indptr):
+            def make(build, q=q, k=k, v=v, o=o, indptr=indptr, pos=pos):
                 # a CUDA-graph wrapper: the builds are timed as captured graphs
                 w = BatchPrefillWithRaggedKVCacheWrapper(
                     torch.empty(256 << 20, dtype=torch.uint8, device=dev), backend="fa2", use_cuda_graph=True,
                     qo_indptr_buf=torch.zeros_like(indptr, device=dev),
                     kv_indptr_buf=torch.zeros_like(indptr, device=dev))
                 with use_build(build):
-                    w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=bf16)
+                    w.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=bf16, pos_encoding_mode=pos)
 
                 def fn():
                     with use_build(build):
@@ -126,7 +132,7 @@ def cases(names, dev):
             # the bench routine's paged batch: 16 x 2048 causal, page 16, pages in random order
             batch, L, page = 16, 2048, 16
             pages_per = L // page
-            soft_cap, kv_dtype = PAGED[name]
+            soft_cap, kv_dtype, pos = PAGED[name]
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=7)
             cache = testing.randn((batch * pages_per, 2, page, HKV, D), bf16, dev, seed=8).to(kv_dtype)
             scale = 0.5 if kv_dtype != bf16 else None
@@ -138,7 +144,7 @@ def cases(names, dev):
 
             def make(build, q=q, cache=cache, o=o, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                      kv_indices=kv_indices, last=last, page=page, soft_cap=soft_cap, kv_dtype=kv_dtype,
-                     scale=scale):
+                     scale=scale, pos=pos):
                 w = BatchPrefillWithPagedKVCacheWrapper(
                     torch.empty(256 << 20, dtype=torch.uint8, device=dev), backend="fa2", use_cuda_graph=True,
                     qo_indptr_buf=torch.zeros_like(qo_indptr, device=dev),
@@ -147,7 +153,8 @@ def cases(names, dev):
                     paged_kv_last_page_len_buf=torch.zeros_like(last, device=dev))
                 with use_build(build):
                     w.plan(qo_indptr, kv_indptr, kv_indices, last, HQ, HKV, D, page, causal=True,
-                           q_data_type=bf16, kv_data_type=kv_dtype, logits_soft_cap=soft_cap)
+                           q_data_type=bf16, kv_data_type=kv_dtype, logits_soft_cap=soft_cap,
+                           pos_encoding_mode=pos)
 
                 def fn():
                     with use_build(build):
@@ -155,7 +162,7 @@ def cases(names, dev):
                 return fn
             flops = batch * 4.0 * L * L * HQ * D / 2
         else:
-            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, 'ragged', *PAGED])}")
+            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, *RAGGED, *PAGED])}")
         out[name] = (flops, make)
     return out
 

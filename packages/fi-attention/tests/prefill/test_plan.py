@@ -167,9 +167,9 @@ def test_work_list_replayed_with_reference_math_equals_attention(causal, window_
 
 
 def test_fa2_kv_tile_per_variant_keeps_cta_rows():
-    """d = 128 compiles kv tiles of 64 on sm_90 except with ALiBi or RoPE (which spill there);
-    paged variants take 64 (fp8 KV ones with a declared spill budget, measured faster than 32); the planner sees
-    the same CTA rows either way (the kv tile is kernel-internal)."""
+    """d = 128 compiles kv tiles of 64 on sm_90 for every variant (ALiBi, RoPE and fp8 KV ones with
+    a declared spill budget, measured faster than 32) and 32 on sm_8x; the planner sees the same
+    CTA rows either way (the kv tile is kernel-internal)."""
     from fi_core import Arch  # noqa: PLC0415
     from fi_attention.prefill.spec import cta_rows, fa2_spec  # noqa: PLC0415
 
@@ -183,14 +183,15 @@ def test_fa2_kv_tile_per_variant_keeps_cta_rows():
 
     assert kv_tile(hopper) == 64 and kv_tile(hopper, softcap=True) == 64
     assert kv_tile(hopper, kv_dtype=torch.float8_e4m3fn) == 64
-    assert kv_tile(hopper, paged=True) == 64 and kv_tile(hopper, alibi=True) == 32 and kv_tile(hopper, rope=True) == 32
-    assert kv_tile(ampere, paged=True) == 32 and kv_tile(hopper, paged=True, alibi=True) == 32
+    assert kv_tile(hopper, paged=True) == 64 and kv_tile(hopper, alibi=True) == 64 and kv_tile(hopper, rope=True) == 64
+    assert kv_tile(ampere) == 32 and kv_tile(ampere, paged=True) == 32 and kv_tile(ampere, alibi=True) == 32
     assert fa2_spec(bf, 128, 128, True, hopper).spill_budget == 0
-    assert fa2_spec(bf, 128, 128, True, hopper, kv_dtype=torch.float8_e4m3fn).spill_budget == 16
-    assert fa2_spec(bf, 128, 128, False, hopper, kv_dtype=torch.float8_e4m3fn).spill_budget == 0
+    assert fa2_spec(bf, 128, 128, False, hopper).spill_budget == 0
+    assert fa2_spec(bf, 128, 128, True, hopper, kv_dtype=torch.float8_e4m3fn).spill_budget == 64
+    assert fa2_spec(bf, 128, 128, False, hopper, rope=True).spill_budget == 64
+    assert fa2_spec(bf, 128, 128, True, hopper, alibi=True).spill_budget == 64
     assert fa2_spec(bf, 128, 128, True, ampere).spill_budget == 0
-    assert fa2_spec(bf, 128, 128, True, hopper, alibi=True).spill_budget == 0
-    assert kv_tile(ampere) == 32
+    assert fa2_spec(bf, 128, 128, False, ampere, rope=True).spill_budget == 0
     assert kv_tile(hopper, custom_mask=True) == 64 and kv_tile(hopper, short=True) == 64  # narrow 16-row tiles
     assert int(dict(fa2_spec(bf, 64, 64, False, ampere).defines)["FI_KV_TILE"]) == 64
     assert cta_rows(128, 128) == 128

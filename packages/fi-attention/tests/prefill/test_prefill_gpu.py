@@ -289,6 +289,32 @@ def test_paged_head_dims_odd_pages_features(dqk, dvo, page_size, feature):
     testing.assert_close(lse, ref_lse, **LSE_TOL)
 
 
+@pytest.mark.parametrize("mode", ["ALIBI", "ROPE_LLAMA"])
+def test_paged_position_encodings(mode):
+    """Paged d = 128 with ALiBi or Llama RoPE in the kernel (kv tiles of 64 on sm_90) on pages of
+    7 tokens, against the reference per request (RoPE: q / k rotated at their positions first,
+    q at the bottom-right aligned ones)."""
+    qo, kv = [1, 130, 64, 300], [70, 130, 1000, 301]
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=41)
+    (kc, vc), indptr, indices, last = _paged(kv, k, v, 7, "NHD", seed=4)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(_indptr(qo), indptr, indices, last, 8, 2, 128, 7, causal=True, pos_encoding_mode=mode,
+           rope_theta=5e5, q_data_type=torch.bfloat16)
+    out, lse = w.run(q, (kc, vc), return_lse=True)
+    if mode == "ALIBI":
+        ref, ref_lse = _per_request_ref(q, k, v, qo, kv, causal=True, pos_encoding_mode="ALIBI")
+    else:
+        qr, kr, a, c = [], [], 0, 0
+        for lq, lk in zip(qo, kv):
+            qr.append(rope_llama(q[a:a + lq].float().cpu(), torch.arange(lq) + (lk - lq), 1.0, 5e5))
+            kr.append(rope_llama(k[c:c + lk].float().cpu(), torch.arange(lk), 1.0, 5e5))
+            a, c = a + lq, c + lk
+        ref, ref_lse = _per_request_ref(torch.cat(qr).to(torch.bfloat16), torch.cat(kr).to(torch.bfloat16),
+                                        v.cpu(), qo, kv, causal=True)
+    _close(out, ref, torch.bfloat16, mode + ": ")
+    testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-3)
+
+
 def test_paged_fp8_kv():
     qo, kv = [5, 127, 300], [40, 1000, 300]
     q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=6)

@@ -51,22 +51,24 @@ def cta_rows(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False, shor
 def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arch, paged: bool,
                 alibi: bool, rope: bool) -> int:
     """The kv tile a variant is compiled with. 32 rows per warp at d = 128 with kv tiles of 64
-    fills all 255 registers; variants with more live state (ALiBi slopes, RoPE) and sm_8x code
-    (ptxas allocates differently) spill there, so they keep kv tiles of 32. Paged caches on sm_90
-    take 64 (with fp8 KV although they spill: see PAGED_FP8_SPILL_BUDGET). The kv tile is
-    invisible to the host (the planner only needs the CTA rows)."""
-    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and (arch.major < 9 or alibi or rope):
+    fills all 255 registers. sm_8x code (ptxas allocates differently; not measured here, no such
+    GPU) keeps kv tiles of 32 there, spill-free. sm_90 takes 64 for every variant, some with a
+    small declared spill (see KV64_SPILL_BUDGET). The kv tile is invisible to the host (the
+    planner only needs the CTA rows)."""
+    if head_dim == 128 and m_tiles == 2 and kv_tile == 64 and arch.major < 9:
         return 32
     return kv_tile
 
 
-# d = 128 paged variants at kv tiles of 64 on sm_90a are spill-free except with fp8 KV and a soft
-# cap together (12 bytes: a few local loads per kv tile that stay in L1). Kv tiles of 64 measured
-# in turns on the H200 against 32 (session 30, tools/ab_fa2.py): x1.111 paged, x1.087 with soft
-# cap, x1.113 with fp8 KV, before the row-address table made them faster still. So fp8 paged
-# modules declare a budget; spill-free rewrites of earlier spilling versions that kept the row
-# sums / maxima in shared memory were slower than the spill.
-PAGED_FP8_SPILL_BUDGET = 16
+# On sm_90a the d = 128 variants at kv tiles of 64 are spill-free with 16-bit KV and no position
+# encoding; ALiBi, RoPE and fp8 KV (in some combinations with paging and soft cap) spill 4-64
+# bytes, a few local loads per kv tile that stay in L1. Measured in turns on the H200 against
+# their spill-free kv tiles of 32 (session 30, tools/ab_fa2.py, 7 rounds): ALiBi x1.163 ragged
+# (8 bytes of spill) / x1.146 paged, RoPE x1.058 ragged (64 bytes) / x1.068 paged (60), paged fp8
+# x1.129, paged fp8 + soft cap x1.111 (12). So those modules declare a budget for the compile
+# check; spill-free rewrites of earlier spilling paged versions that kept the row sums / maxima
+# in shared memory were slower than the spill.
+KV64_SPILL_BUDGET = 64
 
 
 ENTRIES = (Entry("fi_prefill_fa2", ("ptr", "ptr", "stream")), Entry("fi_prefill_fa2_info", ("ptr",)))
@@ -97,6 +99,6 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
         },
         entries=ENTRIES,
         package="fi_attention.prefill",
-        spill_budget=(PAGED_FP8_SPILL_BUDGET if paged and fp8 and kv_tile == 64 and m_tiles == 2
+        spill_budget=(KV64_SPILL_BUDGET if (alibi or rope or fp8) and kv_tile == 64 and m_tiles == 2
                       and max(head_dim_qk, head_dim_vo) == 128 else 0),
     )
