@@ -202,8 +202,9 @@ __device__ __forceinline__ void load_kv_tile(uint32_t s_base, const KVT* g_base,
     for (int k = 0; k < KN / RP; ++k) {
       const int row = r0 + k * RP;
       const bool ok = t0 + row < kv_hi;
+      const KVT* src = reinterpret_cast<const KVT*>(k % 2 ? a[k / 2].y : a[k / 2].x);
       fi::cp_async_16(s_base + (row * CH + (SWZ ? fi::swizzle_chunk(row, ch) : ch)) * 16,
-                      reinterpret_cast<const KVT*>(k % 2 ? a[k / 2].y : a[k / 2].x) + ch * (16 / (int)sizeof(KVT)), ok);
+                      src + ch * (16 / (int)sizeof(KVT)), ok);
     }
 #else
     const int64_t step = (int64_t)RP * sn;
