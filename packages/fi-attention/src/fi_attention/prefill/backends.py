@@ -71,11 +71,12 @@ BACKENDS = (
 
 
 def _specs(arch):
-    """Representative modules for precompile and the compile check: fa2 ragged and paged, and on
-    sm_90a the fa3 ragged and paged causal d128 kernels, with K/V multicast (even GQA groups) and
-    without."""
+    """Representative modules for precompile and the compile check: fa2 ragged, paged and paged
+    with an fp8 e4m3 cache (the Hopper path for fp8 KV caches too), and on sm_90a the fa3 ragged
+    and paged causal d128 kernels, with K/V multicast (even GQA groups) and without."""
     specs = [fa2_spec(torch.bfloat16, 128, 128, False, arch),
-             fa2_spec(torch.bfloat16, 128, 128, True, arch)]
+             fa2_spec(torch.bfloat16, 128, 128, True, arch),
+             fa2_spec(torch.bfloat16, 128, 128, True, arch, kv_dtype=torch.float8_e4m3fn)]
     if arch.cc == 90 and arch.suffix == "a":
         from .hopper.spec import prefill_sm90_spec  # noqa: PLC0415
 
