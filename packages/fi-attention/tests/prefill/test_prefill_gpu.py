@@ -55,6 +55,9 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, 256, 256, True, arch)]
     specs += [fa2_spec(bf, 128, 128, True, arch, softcap=True)]
     specs += [fa2_spec(bf, 128, 128, paged, arch, short=True) for paged in (False, True)]  # short batches
+    specs += [fa2_spec(bf, d, d, False, arch, **kw) for d in (64, 256)  # custom mask / window at d 64, 256
+              for kw in ({"custom_mask": True}, {"softcap": True})]
+    specs += [fa2_spec(bf, 128, 128, True, arch, **{k: True}) for k in ("alibi", "rope")]  # paged positions
     return specs
 
 
@@ -330,12 +333,13 @@ def test_paged_fp8_kv():
     _close(out, ref, torch.bfloat16)
 
 
-def test_batch_custom_mask_and_window():
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_batch_custom_mask_and_window(d):
     qo, kv = [5, 127, 0, 64], [40, 127, 9, 700]
-    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=4)
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, d, d, torch.bfloat16, seed=4)
     masks = [testing.rand((a, b), seed=i) > 0.3 for i, (a, b) in enumerate(zip(qo, kv))]
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
-    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, custom_mask=torch.cat([m.flatten() for m in masks]).cuda(),
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, d, custom_mask=torch.cat([m.flatten() for m in masks]).cuda(),
            q_data_type=torch.bfloat16)
     out = w.run(q, k, v)
     a, c = 0, 0
@@ -343,7 +347,7 @@ def test_batch_custom_mask_and_window():
         if lq:
             _close(out[a:a + lq], attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], custom_mask=m), torch.bfloat16)
         a, c = a + lq, c + lk
-    w.plan(_indptr(qo), _indptr(kv), 8, 2, 128, causal=True, window_left=33, logits_soft_cap=30.0,
+    w.plan(_indptr(qo), _indptr(kv), 8, 2, d, causal=True, window_left=33, logits_soft_cap=30.0,
            q_data_type=torch.bfloat16)
     out = w.run(q, k, v)
     ref, _ = _per_request_ref(q, k, v, qo, kv, causal=True, window_left=33, logits_soft_cap=30.0)
