@@ -75,7 +75,6 @@ class use_build:
 
 
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
-# paged cases: (logits soft cap, KV dtype)
 # batch cases: name -> (logits soft cap, KV dtype, pos_encoding_mode)
 RAGGED = {"ragged": (None, torch.bfloat16, "NONE"), "ragged_alibi": (None, torch.bfloat16, "ALIBI"),
           "ragged_rope": (None, torch.bfloat16, "ROPE_LLAMA")}

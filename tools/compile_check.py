@@ -30,6 +30,7 @@ from pathlib import Path
 from fi_core.arch import Arch
 from fi_core.cli import collect_specs
 from fi_core.jit import build_many
+from fi_core.jit.build import spill_problems
 from fi_core.jit.cache import MODULE
 
 
@@ -73,22 +74,6 @@ def parse_sass_wgmma(sass: str) -> dict[str, tuple[int, int]]:
             elif _WAIT in line:
                 cur[1] += 1
     return {k: (v[0], v[1]) for k, v in counts.items()}
-
-
-def spill_problems(spec, kernels: dict[str, dict]) -> tuple[list[str], str]:
-    """Spills in a module's ptxas report (``kernels``: per-kernel numbers from meta.json) beyond the
-    spec's ``spill_budget`` (0 unless the spec declares a measured exception), and a note of the
-    spills the budget let through."""
-    budget = getattr(spec, "spill_budget", 0)
-    problems, allowed = [], []
-    for fn, k in kernels.items():
-        st, ld = k.get("spill_stores", 0), k.get("spill_loads", 0)
-        if max(st, ld) > budget:
-            problems.append(f"{spec.name}[{spec.arch}] {fn}: {st} B spill stores, {ld} B spill loads"
-                            f"{f' (budget {budget} B)' if budget else ''}")
-        elif st or ld:
-            allowed.append(f"{max(st, ld)} B spills within its budget of {budget} B")
-    return problems, "; ".join(allowed)
 
 
 def sass_problems(spec, counts: dict[str, tuple[int, int]]) -> tuple[list[str], int]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fi_core.arch import Arch
-from fi_core.jit.build import compile_command, parse_ptxas
+from fi_core.jit.build import compile_command, parse_ptxas, spill_problems
 from fi_core.jit.spec import find_nvcc
 from fi_attention.prefill.spec import fa2_spec
 
@@ -52,17 +52,13 @@ def variants(arch: Arch, head_dims):
     return list(seen.values())
 
 
-def spills(spec, nvcc: Path, tmp: str) -> tuple[int, int, int]:
-    """(registers, spill stores, spill loads) of the spec's attention kernel."""
+def ptxas_kernels(spec, nvcc: Path, tmp: str) -> dict[str, dict]:
+    """The ptxas report of the spec's module, per kernel (parse_ptxas)."""
     obj = Path(tmp) / f"{spec.name}_{spec.arch.sm}.o"
-    cmd = compile_command(spec, spec.sources[0], obj, nvcc)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(compile_command(spec, spec.sources[0], obj, nvcc), capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"{spec.name} [{spec.arch}]: nvcc failed:\n{r.stderr[-2000:]}")
-    for fn, k in parse_ptxas(r.stdout + r.stderr)["kernels"].items():
-        if KERNEL in fn:
-            return k.get("registers", 0), k.get("spill_stores", 0), k.get("spill_loads", 0)
-    raise RuntimeError(f"{spec.name} [{spec.arch}]: no {KERNEL} in the ptxas report")
+    return parse_ptxas(r.stdout + r.stderr)["kernels"]
 
 
 def main() -> int:
@@ -82,12 +78,14 @@ def main() -> int:
     print(f"{len(specs)} fa2 variants for {' '.join(a.sm for a in archs)}", flush=True)
     over = []
     with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as ex:
-        for s, (regs, st, ld) in zip(specs, ex.map(lambda s: spills(s, nvcc, tmp), specs)):
-            mark = "" if max(st, ld) == 0 else (" within budget" if max(st, ld) <= s.spill_budget else " OVER")
-            print(f"  {s.name:<48} {s.arch.sm:<7} {regs:3d} regs  spill {st:3d} / {ld:3d} B"
-                  f"  budget {s.spill_budget:3d}{mark}", flush=True)
-            if max(st, ld) > s.spill_budget:
-                over.append(f"{s.name} [{s.arch.sm}]: {st} / {ld} B, budget {s.spill_budget}")
+        for s, kernels in zip(specs, ex.map(lambda s: ptxas_kernels(s, nvcc, tmp), specs)):
+            k = next(v for fn, v in kernels.items() if KERNEL in fn)
+            found, allowed = spill_problems(s, kernels)
+            over += found
+            mark = " OVER" if found else (" within budget" if allowed else "")
+            print(f"  {s.name:<48} {s.arch.sm:<7} {k.get('registers', 0):3d} regs  spill "
+                  f"{k.get('spill_stores', 0):3d} / {k.get('spill_loads', 0):3d} B  budget {s.spill_budget:3d}{mark}",
+                  flush=True)
     if over:
         print("over budget:\n  " + "\n  ".join(over))
         return 1

@@ -45,12 +45,3 @@ def test_cutlass_module_without_wgmma_is_a_problem():
     ok, _ = cc.sass_problems(SimpleNamespace(name="m", arch="sm_90a", cutlass=False), counts)
     assert ok == []
 
-
-def test_spills_fail_unless_within_the_specs_budget():
-    kernels = {"kern": {"spill_stores": 64, "spill_loads": 56}, "other": {"spill_stores": 0, "spill_loads": 0}}
-    bad, _ = cc.spill_problems(SimpleNamespace(name="m", arch="sm_90a"), kernels)
-    assert len(bad) == 1 and "64 B spill stores" in bad[0]
-    ok, note = cc.spill_problems(SimpleNamespace(name="m", arch="sm_90a", spill_budget=64), kernels)
-    assert ok == [] and "64 B" in note
-    over, _ = cc.spill_problems(SimpleNamespace(name="m", arch="sm_90a", spill_budget=32), kernels)
-    assert len(over) == 1 and "budget 32 B" in over[0]

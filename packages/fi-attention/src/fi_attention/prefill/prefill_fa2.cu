@@ -138,16 +138,15 @@ __device__ __forceinline__ int tid_remat() {
 // read one address per row instead of each dividing by the page size and loading the page table
 // (a dependent global load in front of every cp.async, ~4x the issue slots of a contiguous copy).
 // Threads i and i + KN own row i < KN (the first writes its K address, the second its V address,
-// so the bookkeeping is spread over 2 KN threads: all four warps at KN = 64; with NT < 2 KN thread
-// i writes both). A thread loads its row's page a tile before it writes the row's address
-// (page_of_row for tile it + 3 during tile it, write_row_addresses for tile it + 2), so the
-// page-table load's latency is hidden behind a tile of mma instead of stalling its warp.
-constexpr bool kSplitKV = NT >= 2 * KN;
-constexpr int kRowThreads = kSplitKV ? 2 * KN : KN;
+// so the bookkeeping is spread over 2 KN threads: all four warps at KN = 64). A thread loads its
+// row's page a tile before it writes the row's address (page_of_row for tile it + 3 during tile
+// it, write_row_addresses for tile it + 2), so the page-table load's latency is hidden behind a
+// tile of mma instead of stalling its warp.
+static_assert(NT >= 2 * KN, "two threads per kv tile row (its K and its V address)");
 
 __device__ __forceinline__ int page_of_row(const Params& p, const Request& r, int t0, int kv_hi) {
   const int pos = t0 + tid_remat() % KN;
-  return tid_remat() < kRowThreads && pos < kv_hi ? __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size) : 0;
+  return tid_remat() < 2 * KN && pos < kv_hi ? __ldg(p.kv_indices + r.kv_tok0 + pos / p.page_size) : 0;
 }
 
 // Where row `row` of a tile sits in the address table of a copy with CH chunks per row: the rows
@@ -165,7 +164,7 @@ __device__ __forceinline__ void write_row_addresses(int64_t* dst, const Params& 
   if (tid_remat() < KN)
     dst[row_slot<RQK>(i)] = reinterpret_cast<int64_t>(
         p.k + ((int64_t)page * p.k_sp + (int64_t)slot * p.k_sn + (int64_t)h * p.k_sh));
-  if (kSplitKV ? tid_remat() >= KN && tid_remat() < 2 * KN : tid_remat() < KN)
+  if (tid_remat() >= KN && tid_remat() < 2 * KN)
     dst[KN + row_slot<RVO>(i)] = reinterpret_cast<int64_t>(
         p.v + ((int64_t)page * p.v_sp + (int64_t)slot * p.v_sn + (int64_t)h * p.v_sh));
 }
@@ -341,7 +340,6 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 #if FI_PAGED
   // Addresses of tiles 0 and 1; later tiles' are written two tiles ahead inside the loop, from
   // pages loaded three tiles ahead.
-  static_assert(NT >= KN, "a thread per kv tile row");
   write_row_addresses(row_off, p, kv_lo, page_of_row(p, r, kv_lo, kv_hi), kvh);
   write_row_addresses(row_off + 2 * KN, p, kv_lo + KN, page_of_row(p, r, kv_lo + KN, kv_hi), kvh);
   int next_page = page_of_row(p, r, kv_lo + 2 * KN, kv_hi);

@@ -149,6 +149,23 @@ def parse_ptxas(log: str) -> dict:
     return {"kernels": kernels, "warnings": warnings}
 
 
+def spill_problems(spec, kernels: dict[str, dict]) -> tuple[list[str], str]:
+    """Spills in a module's ptxas report (``kernels``: parse_ptxas()["kernels"], as meta.json
+    stores it) beyond the spec's ``spill_budget`` (0 unless the spec declares a measured
+    exception), and a note of the spills the budget let through. Used by tools/compile_check.py
+    and tools/fa2_spill_audit.py."""
+    budget = getattr(spec, "spill_budget", 0)
+    problems, allowed = [], []
+    for fn, k in kernels.items():
+        st, ld = k.get("spill_stores", 0), k.get("spill_loads", 0)
+        if max(st, ld) > budget:
+            problems.append(f"{spec.name}[{spec.arch}] {fn}: {st} B spill stores, {ld} B spill loads"
+                            f"{f' (budget {budget} B)' if budget else ''}")
+        elif st or ld:
+            allowed.append(f"{max(st, ld)} B spills within its budget of {budget} B")
+    return problems, "; ".join(allowed)
+
+
 def _max_jobs() -> int:
     return knobs.max_jobs() or os.cpu_count() or 1
 
