@@ -11,7 +11,9 @@ full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
 BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
 random order: BatchPrefillWithPagedKVCacheWrapper); paged_softcap (the same with logits_soft_cap 30),
 paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5), paged_fp8_softcap (both); ragged_alibi / ragged_rope /
-paged_alibi / paged_rope (pos_encoding_mode ALIBI / ROPE_LLAMA).
+paged_alibi / paged_rope (pos_encoding_mode ALIBI / ROPE_LLAMA); mask4k / mask4k_d256 (single
+prefill L=4096 with a packed custom mask, random with density 1/2, at head_dim 128 / 256; the
+kernel visits every KV tile, so TFLOP/s count the full L^2 product).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
 commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
@@ -75,6 +77,7 @@ class use_build:
 
 
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
+MASKED = {"mask4k": 128, "mask4k_d256": 256}  # name -> head_dim; L = 4096
 # batch cases: name -> (logits soft cap, KV dtype, pos_encoding_mode)
 RAGGED = {"ragged": (None, torch.bfloat16, "NONE"), "ragged_alibi": (None, torch.bfloat16, "ALIBI"),
           "ragged_rope": (None, torch.bfloat16, "ROPE_LLAMA")}
@@ -104,6 +107,22 @@ def cases(names, dev):
                         return single_prefill_with_kv_cache(q, k, v, causal=causal, backend="fa2")
                 return fn
             flops = 4.0 * L * L * HQ * D / (2 if causal else 1)
+        elif name in MASKED:
+            from fi_attention.prefill import packbits  # noqa: PLC0415
+
+            L, d = 4096, MASKED[name]
+            q = testing.randn((L, HQ, d), bf16, dev, seed=1)
+            k = testing.randn((L, HKV, d), bf16, dev, seed=2)
+            v = testing.randn((L, HKV, d), bf16, dev, seed=3)
+            dense = torch.rand((L, L), generator=testing.generator(9)) < 0.5
+            packed = packbits(dense.flatten().to(dev), bitorder="little")
+
+            def make(build, q=q, k=k, v=v, packed=packed):
+                def fn():
+                    with use_build(build):
+                        return single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, backend="fa2")
+                return fn
+            flops = 4.0 * L * L * HQ * d
         elif name in RAGGED:
             batch, L = 16, 2048
             q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
@@ -161,7 +180,7 @@ def cases(names, dev):
                 return fn
             flops = batch * 4.0 * L * L * HQ * D / 2
         else:
-            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, *RAGGED, *PAGED])}")
+            raise SystemExit(f"unknown case {name}; cases: {', '.join([*SINGLES, *MASKED, *RAGGED, *PAGED])}")
         out[name] = (flops, make)
     return out
 

@@ -9,6 +9,7 @@ flags, includes and defines) and reports the spill bytes of the attention kernel
 spec's ``spill_budget``. It needs nvcc, not a GPU.
 
     python3 tools/fa2_spill_audit.py [--arch 8.0 --arch 9.0a] [--jobs N] [--head-dims 64,128,256,192x128]
+                                     [--match SUBSTRING]
 
 Head dims are d (q/k and v alike) or QKxVO; 192x128 is ragged only (no paged variants).
 
@@ -66,6 +67,7 @@ def main() -> int:
     ap.add_argument("--arch", action="append", default=None)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--head-dims", default="64,128,256,192x128")
+    ap.add_argument("--match", default="", help="only variants whose module name contains this")
     args = ap.parse_args()
     nvcc = find_nvcc()
     if nvcc is None:
@@ -74,7 +76,7 @@ def main() -> int:
     archs = [Arch.parse(a) for a in (args.arch or ["8.0", "9.0a"])]
     head_dims = [tuple(int(v) for v in x.split("x")) if "x" in x else (int(x), int(x))
                  for x in args.head_dims.split(",")]
-    specs = [s for a in archs for s in variants(a, head_dims)]
+    specs = [s for a in archs for s in variants(a, head_dims) if args.match in s.name]
     print(f"{len(specs)} fa2 variants for {' '.join(a.sm for a in archs)}", flush=True)
     over = []
     with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as ex:

@@ -58,6 +58,8 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, d, d, False, arch, **kw) for d in (64, 256)  # custom mask / window at d 64, 256
               for kw in ({"custom_mask": True}, {"softcap": True})]
     specs += [fa2_spec(bf, 128, 128, True, arch, **{k: True}) for k in ("alibi", "rope")]  # paged positions
+    specs += [fa2_spec(bf, d, d, True, arch, custom_mask=True, kv_dtype=kv)  # paged custom masks
+              for d, kv in ((128, bf), (256, bf), (256, torch.float8_e4m3fn), (64, bf))]
     return specs
 
 
@@ -352,6 +354,35 @@ def test_batch_custom_mask_and_window(d):
     out = w.run(q, k, v)
     ref, _ = _per_request_ref(q, k, v, qo, kv, causal=True, window_left=33, logits_soft_cap=30.0)
     _close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("d,kv_dtype,page_size", [
+    (128, torch.bfloat16, 16), (256, torch.bfloat16, 5), (256, torch.float8_e4m3fn, 7), (64, torch.bfloat16, 1)])
+def test_paged_custom_mask(d, kv_dtype, page_size):
+    """Custom masks on a paged cache (tiles straddle pages; rows whose mask bits start mid-byte),
+    including short queries over long KV (split along KV, so a chunk's first key is not a tile
+    multiple) and an empty request."""
+    qo, kv = [3, 130, 0, 1], [3001, 131, 9, 9000]
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, d, d, torch.bfloat16, seed=d + page_size)
+    k, v = k.to(kv_dtype), v.to(kv_dtype)
+    scale = dict(k_scale=0.5, v_scale=2.0) if kv_dtype != torch.bfloat16 else {}
+    masks = [testing.rand((a, b), seed=20 + i) > 0.4 for i, (a, b) in enumerate(zip(qo, kv))]
+    (kc, vc), indptr, indices, last = _paged(kv, k.float(), v.float(), page_size, "NHD", seed=5)  # exact
+    kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w.plan(_indptr(qo), indptr, indices, last, 8, 2, d, page_size,
+           custom_mask=torch.cat([m.flatten() for m in masks]).cuda(), q_data_type=torch.bfloat16,
+           kv_data_type=kv_dtype)
+    assert w._schedule.plan.num_slots > 0  # the long requests were split along KV
+    out, lse = w.run(q, (kc, vc), return_lse=True, **scale)
+    a, c = 0, 0
+    for (lq, lk), m in zip(zip(qo, kv), masks):
+        if lq:
+            ref, ref_lse = attention_reference(q[a:a + lq], k[c:c + lk], v[c:c + lk], custom_mask=m,
+                                               return_lse=True, **scale)
+            _close(out[a:a + lq], ref, torch.bfloat16, f"request at {a}: ")
+            testing.assert_close(lse[a:a + lq], ref_lse, **LSE_TOL)
+        a, c = a + lq, c + lk
 
 
 class _GraphPaged:

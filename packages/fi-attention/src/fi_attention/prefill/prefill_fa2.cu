@@ -39,6 +39,7 @@ constexpr int NT = NW * 32;
 constexpr int WARP_M = MT * 16;     // packed query rows per warp
 constexpr int CTA_M = NW * WARP_M;  // packed query rows per CTA
 constexpr int KN = FI_KV_TILE;      // kv tokens per tile (32 or 64)
+static_assert(KN % 32 == 0, "kv tiles are whole 32-key mask windows");
 constexpr int CQK = DQK * 2 / 16;   // 16-byte chunks per Q/K row
 constexpr int CVO = DVO * 2 / 16;   // 16-byte chunks per V row
 constexpr int RQK = DQK * (int)sizeof(KVT) / 16;  // 16-byte chunks per raw (global-format) K row
@@ -296,6 +297,28 @@ __device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of,
 }
 #endif
 
+#if FI_CUSTOM_MASK
+// 32 mask bits of one query row: bit c is key col0 + c (little bit order, FlashInfer's packbits),
+// for the keys below kv_len; bits past kv_len read as 0 (those keys are masked by the row's
+// range anyway). The window is read as whole bytes, at most 5 byte loads, instead of one load per
+// element.
+__device__ __forceinline__ uint32_t mask_window32(const uint8_t* mask, int64_t row_bit, int col0,
+                                                  int kv_len) {
+  const int n = min(32, kv_len - col0);
+  if (n <= 0) return 0u;
+  const int64_t sb = row_bit + col0;
+  const uint8_t* b = mask + (sb >> 3);
+  const int sh = (int)(sb & 7);
+  const int nbytes = ((sh + n - 1) >> 3) + 1;
+  uint64_t acc = 0;
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    if (j < nbytes) acc |= (uint64_t)__ldg(b + j) << (8 * j);
+  }
+  return (uint32_t)(acc >> sh);
+}
+#endif
+
 // Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars, (paged) two
 // tiles' row addresses.
 constexpr int kInfoOffset = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
@@ -480,6 +503,17 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 #if FI_ALIBI
           const float alibi_slope = __ldg(p.alibi + kvh * G + (pr - qi * G)) * fi::kLog2e;
 #endif
+#if FI_CUSTOM_MASK
+          // This row's mask bits for the thread's columns t0 + 2t + c, 32 per window; rows past
+          // the request (padding) keep every key.
+          uint32_t mbits[KN / 32];
+#pragma unroll
+          for (int wi = 0; wi < KN / 32; ++wi) {
+            mbits[wi] = qi < r.qo_len
+                            ? mask_window32(mask, (int64_t)qi * r.kv_len, t0 + 2 * t + 32 * wi, r.kv_len)
+                            : 0xffffffffu;
+          }
+#endif
           // Visible keys of this row as column offsets c = nb * 8 + e relative to this thread's
           // first column t0 + 2t: lo_rel <= c < hi_rel (two compares per element).
           const int col0 = t0 + 2 * t;
@@ -503,10 +537,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
                 const int c = nb * 8 + e;
                 bool keep = c < hi_rel && c >= lo_rel;
 #if FI_CUSTOM_MASK
-                if (keep && qi < r.qo_len) {
-                  const int64_t bit = (int64_t)qi * r.kv_len + kv;
-                  keep = (__ldg(mask + (bit >> 3)) >> (bit & 7)) & 1;
-                }
+                keep = keep && ((mbits[c / 32] >> (c % 32)) & 1u);
 #endif
                 if (!keep) x = fi::kNegInf;
               }
