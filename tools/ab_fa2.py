@@ -11,19 +11,21 @@ full): single4k / single8k / single16k, full4k; ragged (16 x 2048 causal,
 BatchPrefillWithRaggedKVCacheWrapper); paged (the same batch from a paged cache, page 16, pages in
 random order: BatchPrefillWithPagedKVCacheWrapper); paged_softcap (the same with logits_soft_cap 30),
 paged_fp8 (an e4m3 cache, k_scale = v_scale = 0.5), paged_fp8_softcap (both); ragged_alibi / ragged_rope /
-paged_alibi / paged_rope (pos_encoding_mode ALIBI / ROPE_LLAMA); mask4k / mask4k_d256 (single
-prefill L=4096 with a packed custom mask, random with density 1/2, at head_dim 128 / 256; the
+paged_alibi / paged_rope (pos_encoding_mode ALIBI / ROPE_LLAMA); mask4k_d64 / mask4k / mask4k_d256 (single
+prefill L=4096 with a packed custom mask, random with density 1/2, at head_dim 64 / 128 / 256; the
 kernel visits every KV tile, so TFLOP/s count the full L^2 product).
 
 BUILD is ``0`` (the current prefill_fa2.cu) or a path to another prefill_fa2.cu (e.g. an older
 commit's, unpacked with ``git show``), built under its own module name; ``BUILD@N`` builds it with
-kv tiles of N. ``--build-only`` compiles
+kv tiles of N; ``BUILD+wide`` gives custom-mask variants the regular tile (spec.TILE_CONFIG)
+instead of the narrow one (host plan and kernel alike). ``--build-only`` compiles
 the modules for sm_90a and exits. Every build's output must match the first build's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import sys
 from pathlib import Path
@@ -42,42 +44,63 @@ def spec_factory(build: str):
     ``BUILD@N`` compiles the build with kv tiles of N (FI_KV_TILE) instead of spec.py's choice."""
     from fi_attention.prefill import spec as ps  # noqa: PLC0415
 
-    build, _, kv_tile = build.partition("@")
+    wide = build.endswith("+wide")
+    build, _, kv_tile = build.removesuffix("+wide").partition("@")
     if build == "0" and not kv_tile:
-        return ps.fa2_spec
+        # fa2_spec is cached; a +wide build must not see (or leave) the narrow tiles' entries
+        return ps.fa2_spec.__wrapped__ if wide else ps.fa2_spec
     path = Path(build).resolve() if build != "0" else Path(ps.__file__).with_name("prefill_fa2.cu")
     tag = "ab" + hashlib.sha1(path.read_bytes()).hexdigest()[:8]  # same on every machine
 
     def make(*args, **kw):
-        s = ps.fa2_spec(*args, **kw)
+        s = (ps.fa2_spec.__wrapped__ if wide else ps.fa2_spec)(*args, **kw)
         defines = dict(s.defines, FI_KV_TILE=int(kv_tile)) if kv_tile else s.defines
         return dataclasses.replace(s, name=f"{s.name}_{tag}{'n' + kv_tile if kv_tile else ''}",
                                    sources=(path,), defines=defines)
     return make
 
 
-class use_build:
+class _UseBuild:
     """Points the fa2 launcher's spec lookup at a build inside the block. Schedules (plans and
     their device copies) are shared by the builds: they depend on the CTA rows and the resident
     CTAs per SM, which the builds compared here keep."""
 
     def __init__(self, build: str):
+        from fi_attention.prefill import api  # noqa: PLC0415
+
         self.make = spec_factory(build)
+        self.wide = build.endswith("+wide")
+        # single prefill caches its schedules by shape, not by tile: a +wide build keeps its own
+        self.schedules = functools.lru_cache(maxsize=256)(api._single_schedule.__wrapped__)
 
     def __enter__(self):
-        from fi_attention.prefill import launch  # noqa: PLC0415
+        from fi_attention.prefill import api, launch, spec  # noqa: PLC0415
 
-        self.saved = launch.fa2_spec
+        self.saved = launch.fa2_spec, spec.tile_config, api._single_schedule
         launch.fa2_spec = self.make
+        if self.wide:  # spec.fa2_spec and spec.cta_rows (launch's too) look tile_config up here
+            tc = self.saved[1]
+            spec.tile_config = lambda dqk, dvo, custom_mask=False, short=False: tc(dqk, dvo, False, short)
+            api._single_schedule = self.schedules
 
     def __exit__(self, *exc):
-        from fi_attention.prefill import launch  # noqa: PLC0415
+        from fi_attention.prefill import api, launch, spec  # noqa: PLC0415
 
-        launch.fa2_spec = self.saved
+        launch.fa2_spec, spec.tile_config, api._single_schedule = self.saved
+
+
+_BUILDS: dict[str, _UseBuild] = {}
+
+
+def use_build(build: str) -> _UseBuild:
+    """The build's context (one per build, so a +wide build's schedules persist across calls)."""
+    if build not in _BUILDS:
+        _BUILDS[build] = _UseBuild(build)
+    return _BUILDS[build]
 
 
 SINGLES = {"single4k": 4096, "single8k": 8192, "single16k": 16384, "full4k": 4096}
-MASKED = {"mask4k": 128, "mask4k_d256": 256}  # name -> head_dim; L = 4096
+MASKED = {"mask4k_d64": 64, "mask4k": 128, "mask4k_d256": 256}  # name -> head_dim; L = 4096
 # batch cases: name -> (logits soft cap, KV dtype, pos_encoding_mode)
 RAGGED = {"ragged": (None, torch.bfloat16, "NONE"), "ragged_alibi": (None, torch.bfloat16, "ALIBI"),
           "ragged_rope": (None, torch.bfloat16, "ROPE_LLAMA")}

@@ -77,5 +77,6 @@ err = 0.0
 for b in range(len(qo_lens)):
     r = ref(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]], None if masks is None else masks[b])
     err = max(err, (got[qi[b]:qi[b + 1]] - r).abs().max().item())
-print(f"fa2 {'paged' if paged else 'ragged'}{' custom mask' if masks else ''} d={D}: max abs err vs CPU reference {err:.3e}")
+what = ("paged" if paged else "ragged") + (" custom mask" if masks else "")
+print(f"fa2 {what} d={D}: max abs err vs CPU reference {err:.3e}")
 sys.exit(0 if err < 3e-2 else 1)

@@ -192,6 +192,12 @@ def test_fa2_kv_tile_per_variant_keeps_cta_rows():
     assert fa2_spec(bf, 128, 128, True, hopper, alibi=True).spill_budget == 64
     assert fa2_spec(bf, 128, 128, True, ampere).spill_budget == 0
     assert fa2_spec(bf, 128, 128, False, ampere, rope=True).spill_budget == 0
-    assert kv_tile(hopper, custom_mask=True) == 64 and kv_tile(hopper, short=True) == 64  # narrow 16-row tiles
+    assert kv_tile(hopper, custom_mask=True) == 64 and kv_tile(hopper, short=True) == 64
+    # custom masks: the regular tile at d = 128 (kv 32 on sm_8x, budget 64 on sm_90), narrow at d = 64
+    assert cta_rows(128, 128, custom_mask=True) == 128 and cta_rows(64, 64, custom_mask=True) == 64
+    assert kv_tile(ampere, custom_mask=True) == 32
+    assert fa2_spec(bf, 128, 128, True, hopper, custom_mask=True).spill_budget == 64
+    assert fa2_spec(bf, 128, 128, True, ampere, custom_mask=True).spill_budget == 0
+    assert cta_rows(128, 128, custom_mask=True, short=True) == 64
     assert int(dict(fa2_spec(bf, 64, 64, False, ampere).defines)["FI_KV_TILE"]) == 64
     assert cta_rows(128, 128) == 128

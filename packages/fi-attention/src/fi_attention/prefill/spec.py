@@ -27,18 +27,21 @@ _HERE = Path(__file__).resolve().parent
 TILE_CONFIG = {64: (4, 2, 64), 128: (4, 2, 64), 192: (4, 1, 32), 256: (4, 1, 32)}
 
 
-# Narrow tiles (16 rows per warp, 64 per CTA) for d <= 128: custom-mask variants (reading mask
-# bits per element spills at 32 rows per warp; masked batches are small: tree attention,
-# speculative decoding) and "short" batches whose longest request packs into <= 64 rows
-# (max_qo_len * group), where a 128-row tile would be mostly padding.
+# Narrow tiles (16 rows per warp, 64 per CTA) for d <= 128: "short" batches whose longest
+# request packs into <= 64 rows (max_qo_len * group), where a 128-row tile would be mostly
+# padding, and custom-mask variants at d = 64. Custom masks at d = 128 take the regular tile:
+# since the kernel reads a row's mask bits as one 32-key window (session 31), 128 x 64 tiles ran
+# x1.110 against 64 x 64 on a masked L = 4096 prefill on the H200, d = 64 x0.951 (tools/ab_fa2.py,
+# prefill_fa2_ab_session31_mask_wide_tiles.json).
 NARROW_TILE_CONFIG = {64: (4, 1, 64), 128: (4, 1, 64)}
+NARROW_MASK_DIMS = (64,)
 SHORT_PACKED_ROWS = 64
 
 
 def tile_config(head_dim_qk: int, head_dim_vo: int, custom_mask: bool = False,
                 short: bool = False) -> tuple[int, int, int]:
     d = max(head_dim_qk, head_dim_vo)
-    if (custom_mask or short) and d in NARROW_TILE_CONFIG:
+    if (short or (custom_mask and d in NARROW_MASK_DIMS)) and d in NARROW_TILE_CONFIG:
         return NARROW_TILE_CONFIG[d]
     return TILE_CONFIG[d]
 
@@ -67,7 +70,8 @@ def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arc
 # (8 bytes of spill) / x1.146 paged, RoPE x1.058 ragged (64 bytes) / x1.068 paged (60), paged fp8
 # x1.129, paged fp8 + soft cap x1.111 (12). So those modules declare a budget for the compile
 # check; spill-free rewrites of earlier spilling paged versions that kept the row sums / maxima
-# in shared memory were slower than the spill.
+# in shared memory were slower than the spill. Custom masks at d = 128 (regular tiles since
+# session 31) spill 0-12 bytes there and ran x1.110 against the spill-free narrow tile.
 KV64_SPILL_BUDGET = 64
 
 
@@ -99,6 +103,6 @@ def fa2_spec(dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int, paged: bool
         },
         entries=ENTRIES,
         package="fi_attention.prefill",
-        spill_budget=(KV64_SPILL_BUDGET if (alibi or rope or fp8) and kv_tile == 64 and m_tiles == 2
-                      and max(head_dim_qk, head_dim_vo) == 128 else 0),
+        spill_budget=(KV64_SPILL_BUDGET if (alibi or rope or fp8 or custom_mask) and kv_tile == 64
+                      and m_tiles == 2 and max(head_dim_qk, head_dim_vo) == 128 else 0),
     )
