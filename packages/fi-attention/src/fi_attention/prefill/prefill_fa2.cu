@@ -317,6 +317,15 @@ __device__ __forceinline__ uint32_t mask_window32(const uint8_t* mask, int64_t r
   }
   return (uint32_t)(acc >> sh);
 }
+
+// Bits lo <= j < hi of a 32-bit word (any ints; empty when hi <= lo).
+__device__ __forceinline__ uint32_t range_bits32(int lo, int hi) {
+  lo = max(lo, 0);
+  hi = min(hi, 32);
+  if (hi <= lo) return 0u;
+  const uint32_t below_hi = hi == 32 ? 0xffffffffu : (1u << hi) - 1u;
+  return below_hi & ~((1u << lo) - 1u);  // lo < hi <= 32, so lo < 32
+}
 #endif
 
 // Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars, (paged) two
@@ -503,22 +512,24 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 #if FI_ALIBI
           const float alibi_slope = __ldg(p.alibi + kvh * G + (pr - qi * G)) * fi::kLog2e;
 #endif
-#if FI_CUSTOM_MASK
-          // This row's mask bits for the thread's columns t0 + 2t + c, 32 per window; rows past
-          // the request (padding) keep every key.
-          uint32_t mbits[KN / 32];
-#pragma unroll
-          for (int wi = 0; wi < KN / 32; ++wi) {
-            mbits[wi] = qi < r.qo_len
-                            ? mask_window32(mask, (int64_t)qi * r.kv_len, t0 + 2 * t + 32 * wi, r.kv_len)
-                            : 0xffffffffu;
-          }
-#endif
           // Visible keys of this row as column offsets c = nb * 8 + e relative to this thread's
           // first column t0 + 2t: lo_rel <= c < hi_rel (two compares per element).
           const int col0 = t0 + 2 * t;
           const int hi_rel = (p.causal ? min(kv_hi, diag + 1) : kv_hi) - col0;
           const int lo_rel = p.window_left >= 0 ? max(diag - p.window_left, t0) - col0 : -2 * t;
+#if FI_CUSTOM_MASK
+          // This row's mask bits for the thread's columns col0 + c, 32 per window, with the
+          // visible range [lo_rel, hi_rel) folded in: one bit test per element. Rows past the
+          // request (padding) keep every key in range.
+          uint32_t mbits[KN / 32];
+#pragma unroll
+          for (int wi = 0; wi < KN / 32; ++wi) {
+            const uint32_t bits = qi < r.qo_len
+                                      ? mask_window32(mask, (int64_t)qi * r.kv_len, col0 + 32 * wi, r.kv_len)
+                                      : 0xffffffffu;
+            mbits[wi] = bits & range_bits32(lo_rel - 32 * wi, hi_rel - 32 * wi);
+          }
+#endif
 #pragma unroll
           for (int nb = 0; nb < KN / 8; ++nb) {
 #pragma unroll
@@ -535,9 +546,10 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 #endif
               if (!kTransform || need_mask) {
                 const int c = nb * 8 + e;
-                bool keep = c < hi_rel && c >= lo_rel;
 #if FI_CUSTOM_MASK
-                keep = keep && ((mbits[c / 32] >> (c % 32)) & 1u);
+                const bool keep = (mbits[c / 32] >> (c % 32)) & 1u;
+#else
+                const bool keep = c < hi_rel && c >= lo_rel;
 #endif
                 if (!keep) x = fi::kNegInf;
               }
