@@ -181,3 +181,45 @@ def paged_routine(args: RoutineArgs):
     yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", config, ours, flops=flops,
                    baseline=("torch SDPA (contiguous KV)", base), backend=backend,
                    target_us=_target_us("paged", L, flops, backend))
+
+
+@routine("custom_mask_prefill", family="fi-attention",
+         help="single prefill with a packed custom mask (random, density 1/2), GQA 32/8 bf16, fa3 and fa2 "
+              "vs torch SDPA with the boolean mask")
+def custom_mask_prefill_routine(args: RoutineArgs):
+    """Options: ``L`` (default 4096), ``d`` (head dims, default 64,128,256), ``backends`` (default
+    fa3,fa2). Every KV tile is visited under a custom mask, so TFLOP/s count the full L^2 product."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    from fi_attention.prefill import packbits, single_prefill_with_kv_cache  # noqa: PLC0415
+
+    L = int(args.options.get("L", "4096"))
+    dims = [int(x) for x in args.options.get("d", "128" if args.quick else "64,128,256").split(",")]
+    backends = args.options.get("backends", "fa3,fa2").split(",")
+    keep = torch.rand((L, L), generator=torch.Generator().manual_seed(5)) < 0.5
+    packed = packbits(keep.flatten().cuda(), bitorder="little")
+    keep_dev = keep.cuda()
+    for d in dims:
+        def make(i, d=d):
+            return (testing.randn((L, HQ, d), torch.bfloat16, "cuda", seed=3 * i),
+                    testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 1),
+                    testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 2))
+        sets = rotating_inputs(make, "cuda", max_sets=4)
+
+        def base_fn(q, k, v):  # K/V heads expanded: the masked SDPA kernels take no GQA
+            g = HQ // HKV
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None], k.repeat_interleave(g, 1).transpose(0, 1)[None],
+                    v.repeat_interleave(g, 1).transpose(0, 1)[None], attn_mask=keep_dev)
+        q, k, v = sets[0]
+        ref = base_fn(q, k, v)[0].transpose(0, 1)
+        base = time_fn(base_fn, sets, reps=10, min_calls_per_replay=2)
+        flops = 4.0 * L * L * HQ * d
+        for backend in backends:
+            def ours_fn(q, k, v, backend=backend):
+                return single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, backend=backend)
+            _check(ours_fn(q, k, v), ref, f"custom mask d={d} {backend}")
+            ours = time_fn(ours_fn, sets, reps=10, min_calls_per_replay=4)
+            yield BenchRow("custom_mask_prefill", f"L={L} random mask 32/8 d{d} bf16 [{backend}]", ours,
+                           flops=flops, baseline=("torch SDPA (bool mask, K/V expanded)", base), backend=backend)

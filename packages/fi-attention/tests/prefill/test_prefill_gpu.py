@@ -60,7 +60,18 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, 128, 128, True, arch, **{k: True}) for k in ("alibi", "rope")]  # paged positions
     specs += [fa2_spec(bf, d, d, True, arch, custom_mask=True, kv_dtype=kv)  # paged custom masks
               for d, kv in ((128, bf), (256, bf), (256, torch.float8_e4m3fn), (64, bf))]
+    if arch.major == 9:  # the fa3 custom-mask modules (ragged and paged) the mask tests launch
+        from fi_core import Arch  # noqa: PLC0415
+        from fi_attention.prefill.hopper.spec import prefill_sm90_spec  # noqa: PLC0415
+
+        specs += [prefill_sm90_spec(bf, d, False, Arch.parse("9.0a"), paged=paged, custom_mask=True)
+                  for d in (64, 128, 256) for paged in (False, True)]
     return specs
+
+
+def _fa3_or_skip(backend):
+    if backend == "fa3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fa3 needs an sm_90 GPU")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -138,6 +149,25 @@ def test_single_prefill_features(feature):
     ref, ref_lse = attention_reference(q, k, v, return_lse=True, **rkw)
     _close(out, ref, torch.bfloat16, feature + ": ")
     testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("lq,lkv", [(200, 700), (300, 129)])
+def test_single_prefill_custom_mask_fa3(d, lq, lkv):
+    """The fa3 kernel's custom masks (every KV tile masked; tile tails; qo > kv) with a fully
+    masked row (out 0, lse -inf) and a fully visible one, against the reference and fa2."""
+    _fa3_or_skip("fa3")
+    q, k, v = _qkv(lq, lkv, 8, 2, d, d, torch.bfloat16, seed=d + lq)
+    m = testing.rand((lq, lkv), seed=3) > 0.5
+    m[17] = False
+    m[18] = True
+    out, lse = single_prefill_with_kv_cache(q, k, v, custom_mask=m.cuda(), backend="fa3", return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, custom_mask=m, return_lse=True)
+    _close(out, ref, torch.bfloat16, f"fa3 mask d={d}: ")
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+    assert lse[17].isneginf().all() and (out[17] == 0).all()
+    two = single_prefill_with_kv_cache(q, k, v, custom_mask=m.cuda(), backend="fa2")
+    _close(out, two.float(), torch.bfloat16, "fa3 vs fa2: ")
 
 
 @pytest.mark.parametrize("dqk,dvo", [(128, 128), (64, 64), (192, 128)])
@@ -335,12 +365,14 @@ def test_paged_fp8_kv():
     _close(out, ref, torch.bfloat16)
 
 
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_batch_custom_mask_and_window(d):
+def test_batch_custom_mask_and_window(d, backend):
+    _fa3_or_skip(backend)
     qo, kv = [5, 127, 0, 64], [40, 127, 9, 700]
     q, k, v = _qkv(sum(qo), sum(kv), 8, 2, d, d, torch.bfloat16, seed=4)
     masks = [testing.rand((a, b), seed=i) > 0.3 for i, (a, b) in enumerate(zip(qo, kv))]
-    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=backend)
     w.plan(_indptr(qo), _indptr(kv), 8, 2, d, custom_mask=torch.cat([m.flatten() for m in masks]).cuda(),
            q_data_type=torch.bfloat16)
     out = w.run(q, k, v)
@@ -356,12 +388,15 @@ def test_batch_custom_mask_and_window(d):
     _close(out, ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("d,kv_dtype,page_size", [
-    (128, torch.bfloat16, 16), (256, torch.bfloat16, 5), (256, torch.float8_e4m3fn, 7), (64, torch.bfloat16, 1)])
-def test_paged_custom_mask(d, kv_dtype, page_size):
+@pytest.mark.parametrize("backend,d,kv_dtype,page_size", [
+    ("fa2", 128, torch.bfloat16, 16), ("fa2", 256, torch.bfloat16, 5), ("fa2", 256, torch.float8_e4m3fn, 7),
+    ("fa2", 64, torch.bfloat16, 1), ("fa3", 128, torch.bfloat16, 16), ("fa3", 64, torch.bfloat16, 8),
+    ("fa3", 256, torch.bfloat16, 16)])
+def test_paged_custom_mask(backend, d, kv_dtype, page_size):
     """Custom masks on a paged cache (tiles straddle pages; rows whose mask bits start mid-byte),
-    including short queries over long KV (split along KV, so a chunk's first key is not a tile
-    multiple) and an empty request."""
+    including short queries over long KV (fa2 splits them along KV, so a chunk's first key is not a
+    tile multiple) and an empty request."""
+    _fa3_or_skip(backend)
     qo, kv = [3, 130, 0, 1], [3001, 131, 9, 9000]
     q, k, v = _qkv(sum(qo), sum(kv), 8, 2, d, d, torch.bfloat16, seed=d + page_size)
     k, v = k.to(kv_dtype), v.to(kv_dtype)
@@ -369,11 +404,12 @@ def test_paged_custom_mask(d, kv_dtype, page_size):
     masks = [testing.rand((a, b), seed=20 + i) > 0.4 for i, (a, b) in enumerate(zip(qo, kv))]
     (kc, vc), indptr, indices, last = _paged(kv, k.float(), v.float(), page_size, "NHD", seed=5)  # exact
     kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
-    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=backend)
     w.plan(_indptr(qo), indptr, indices, last, 8, 2, d, page_size,
            custom_mask=torch.cat([m.flatten() for m in masks]).cuda(), q_data_type=torch.bfloat16,
            kv_data_type=kv_dtype)
-    assert w._schedule.plan.num_slots > 0  # the long requests were split along KV
+    if backend == "fa2":
+        assert w._schedule.plan.num_slots > 0  # the long requests were split along KV
     out, lse = w.run(q, (kc, vc), return_lse=True, **scale)
     a, c = 0, 0
     for (lq, lk), m in zip(zip(qo, kv), masks):

@@ -73,7 +73,6 @@ def test_multicast_threshold_between_bench_shapes():
     (dict(head_dim_qk=96, head_dim_vo=96), "head_dim"),
     (dict(dtype=torch.float32, kv_dtype=torch.float32), "dtype"),
     (dict(kv_dtype=torch.float8_e4m3fn), "k/v dtype"),
-    (dict(custom_mask=True), "mask"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
     (dict(paged=True, page_size=4), "page_size"),
 ])
@@ -167,6 +166,31 @@ def test_rejects_one_indptr():
     with pytest.raises(InputError, match="both"):
         run_ragged(q, k, v, torch.tensor([0, 8], dtype=torch.int32), None, out, None, causal=True,
                    sm_scale=0.1, max_qo_len=8, batch_size=1)
+
+
+def test_custom_mask_modules_and_checks():
+    """Custom masks: their own module (never causal: a mask replaces causality), and the runner
+    refuses a mask with causal=True or of the wrong dtype before any launch."""
+    from fi_core import Arch
+    from fi_attention.prefill.hopper.spec import prefill_sm90_spec
+    assert supports(**_facts(custom_mask=True, causal=False)) is None
+    s = prefill_sm90_spec(BF16, 128, False, Arch.parse("9.0a"), custom_mask=True)
+    assert "_mask" in s.name and dict(s.defines)["FI_CUSTOM_MASK"] == "1"
+    assert "FI_CUSTOM_MASK" not in dict(prefill_sm90_spec(BF16, 128, False, Arch.parse("9.0a")).defines)
+    with pytest.raises(ValueError, match="replaces the causal"):
+        prefill_sm90_spec(BF16, 128, True, Arch.parse("9.0a"), custom_mask=True)
+    q, k, v, out = _cpu_inputs()
+    packed = torch.zeros(8, dtype=torch.uint8)
+    with pytest.raises(InputError, match="replaces the causal"):
+        run_ragged(q, k, v, None, None, out, None, causal=True, sm_scale=0.1, max_qo_len=8, batch_size=1,
+                   packed_mask=packed)
+    with pytest.raises(InputError, match="packed_mask must be contiguous 1-D uint8"):
+        run_ragged(q, k, v, None, None, out, None, causal=False, sm_scale=0.1, max_qo_len=8, batch_size=1,
+                   packed_mask=packed.to(torch.int32))
+    i32 = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(InputError, match="mask_indptr must be int32"):
+        run_ragged(q, k, v, i32, i32, out, None, causal=False, sm_scale=0.1, max_qo_len=8, batch_size=1,
+                   packed_mask=packed)
 
 
 def test_rejects_small_page_size():

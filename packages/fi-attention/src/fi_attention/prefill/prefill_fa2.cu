@@ -16,6 +16,7 @@
 //   FI_CUSTOM_MASK,
 //   FI_SOFTCAP, FI_ALIBI, FI_ROPE (Llama RoPE on Q/K tiles in shared memory), FI_KV_FP8 + FI_KV_T.
 #include "fi/common.cuh"
+#include "fi/mask_bits.cuh"
 #include "fi/math.cuh"
 #include "fi/mma.cuh"
 #include "fi/pipeline.cuh"
@@ -297,37 +298,6 @@ __device__ __forceinline__ void rope_tile(uint8_t* tile, int rows, PosFn pos_of,
 }
 #endif
 
-#if FI_CUSTOM_MASK
-// 32 mask bits of one query row: bit c is key col0 + c (little bit order, FlashInfer's packbits),
-// for the keys below kv_len; bits past kv_len read as 0 (those keys are masked by the row's
-// range anyway). The window is read as whole bytes, at most 5 byte loads, instead of one load per
-// element.
-__device__ __forceinline__ uint32_t mask_window32(const uint8_t* mask, int64_t row_bit, int col0,
-                                                  int kv_len) {
-  const int n = min(32, kv_len - col0);
-  if (n <= 0) return 0u;
-  const int64_t sb = row_bit + col0;
-  const uint8_t* b = mask + (sb >> 3);
-  const int sh = (int)(sb & 7);
-  const int nbytes = ((sh + n - 1) >> 3) + 1;
-  uint64_t acc = 0;
-#pragma unroll
-  for (int j = 0; j < 5; ++j) {
-    if (j < nbytes) acc |= (uint64_t)__ldg(b + j) << (8 * j);
-  }
-  return (uint32_t)(acc >> sh);
-}
-
-// Bits lo <= j < hi of a 32-bit word (any ints; empty when hi <= lo).
-__device__ __forceinline__ uint32_t range_bits32(int lo, int hi) {
-  lo = max(lo, 0);
-  hi = min(hi, 32);
-  if (hi <= lo) return 0u;
-  const uint32_t below_hi = hi == 32 ? 0xffffffffu : (1u << hi) - 1u;
-  return below_hi & ~((1u << lo) - 1u);  // lo < hi <= 32, so lo < 32
-}
-#endif
-
 // Shared memory: Q tile, 2 K/V stages, (fp8 KV) the widened tile, 4 item scalars, (paged) two
 // tiles' row addresses.
 constexpr int kInfoOffset = CTA_M * DQK * 2 + 2 * kStageBytes + (FI_KV_FP8 ? KN * (DQK + DVO) * 2 : 0);
@@ -525,9 +495,9 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
 #pragma unroll
           for (int wi = 0; wi < KN / 32; ++wi) {
             const uint32_t bits = qi < r.qo_len
-                                      ? mask_window32(mask, (int64_t)qi * r.kv_len, col0 + 32 * wi, r.kv_len)
+                                      ? fi::mask_window32(mask, (int64_t)qi * r.kv_len, col0 + 32 * wi, r.kv_len)
                                       : 0xffffffffu;
-            mbits[wi] = bits & range_bits32(lo_rel - 32 * wi, hi_rel - 32 * wi);
+            mbits[wi] = bits & fi::range_bits32(lo_rel - 32 * wi, hi_rel - 32 * wi);
           }
 #endif
 #pragma unroll

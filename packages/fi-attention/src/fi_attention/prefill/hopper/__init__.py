@@ -42,8 +42,6 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
         return f"fa3 supports q dtype bfloat16/float16, got {dtype}"
     if kv_dtype is not None and kv_dtype != dtype:
         return f"fa3 needs k/v dtype == q dtype ({dtype}), got {kv_dtype}"
-    if custom_mask:
-        return "fa3 does not support custom masks yet"
     if pos_encoding_mode not in (None, "NONE"):
         return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
     if paged and _page_size_reason(head_dim_qk, page_size):
@@ -96,7 +94,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                qo_indptr: Optional[torch.Tensor], kv_indptr: Optional[torch.Tensor],
                out: torch.Tensor, lse: Optional[torch.Tensor], *, causal: bool, sm_scale: float,
                logits_soft_cap: Optional[float] = None, window_left: int = -1,
-               max_qo_len: int, batch_size: int, work_pairs: Optional[int] = None) -> None:
+               max_qo_len: int, batch_size: int, work_pairs: Optional[int] = None,
+               packed_mask: Optional[torch.Tensor] = None, mask_indptr: Optional[torch.Tensor] = None) -> None:
     """Ragged prefill attention on Hopper, written into ``out`` (and ``lse``).
 
     Parameters
@@ -125,6 +124,10 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         Visible (query, key) pairs per query head summed over the batch (``spec.visible_pairs``;
         the wrappers pass it from their plan). It only picks the module under
         ``FI_FA3_MULTICAST=auto``; when not given, a batch of equal requests is assumed.
+    packed_mask, mask_indptr : torch.Tensor, optional
+        A custom mask (replaces ``causal``, which must then be False): uint8 bits packed in
+        little bit order, request ``b``'s ``[qo_len, kv_len]`` row-major from byte
+        ``mask_indptr[b]`` (device int32 ``[batch_size + 1]``; None with one request: byte 0).
 
     Examples
     --------
@@ -167,6 +170,7 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             if t.dtype != torch.int32 or t.device != q.device or t.numel() < batch_size + 1:
                 raise InputError(f"{name} must be int32 on {q.device} with >= {batch_size + 1} "
                                  f"entries, got {t.dtype} on {t.device} with {t.numel()}")
+    _check_mask(packed_mask, mask_indptr, causal, q.device, batch_size, qo_indptr is None)
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
     if nnz_kv == 0:
@@ -177,8 +181,9 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
     flops = _work_flops(work_pairs, nnz_q, nnz_kv, batch_size, bool(causal), window_left, hq, d)
+    masked = packed_mask is not None
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0,
-                                 multicast=use_multicast(d, hq, hkv, flops)))
+                                 multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
     mod.fi_prefill_sm90_ragged(
         q.data_ptr(), k.data_ptr(), v.data_ptr(),
         0 if qo_indptr is None else qo_indptr.data_ptr(),
@@ -188,8 +193,30 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), knobs.fa3_ctas(),
-        current_stream(q.device))
+        -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
+        knobs.fa3_ctas(), current_stream(q.device))
+
+
+def _check_mask(packed_mask, mask_indptr, causal, device, batch_size: int, single: bool) -> None:
+    if packed_mask is None:
+        if mask_indptr is not None:
+            raise InputError("mask_indptr given without packed_mask")
+        return
+    if causal:
+        raise InputError("a custom mask replaces the causal mask: pass causal=False with packed_mask")
+    if packed_mask.dtype != torch.uint8 or packed_mask.device != device or packed_mask.dim() != 1 \
+            or not packed_mask.is_contiguous():
+        raise InputError(f"packed_mask must be contiguous 1-D uint8 on {device}, got {packed_mask.dtype} "
+                         f"{tuple(packed_mask.shape)} on {packed_mask.device}")
+    if not single and (mask_indptr is None or mask_indptr.dtype != torch.int32 or mask_indptr.device != device
+                       or mask_indptr.numel() < batch_size + 1):
+        got = None if mask_indptr is None else (mask_indptr.dtype, str(mask_indptr.device), mask_indptr.numel())
+        raise InputError(f"mask_indptr must be int32 on {device} with >= {batch_size + 1} entries, got {got}")
+
+
+def _mask_ptrs(packed_mask, mask_indptr) -> tuple[int, int]:
+    return (0 if packed_mask is None else packed_mask.data_ptr(),
+            0 if packed_mask is None or mask_indptr is None else mask_indptr.data_ptr())
 
 
 def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
@@ -198,13 +225,14 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
               v_strides: tuple[int, int, int], page_size: int, causal: bool, sm_scale: float,
               logits_soft_cap: Optional[float] = None, window_left: int = -1,
               max_qo_len: int, batch_size: int, num_kv_heads: Optional[int] = None,
+              packed_mask: Optional[torch.Tensor] = None, mask_indptr: Optional[torch.Tensor] = None,
               work_pairs: Optional[int] = None) -> None:
     """Prefill attention over a paged KV cache on Hopper, written into ``out`` (and ``lse``).
 
     Parameters
     ----------
-    q, out, lse, causal, sm_scale, logits_soft_cap, window_left, max_qo_len, batch_size
-        As in :func:`run_ragged` (``qo_indptr`` is required).
+    q, out, lse, causal, sm_scale, logits_soft_cap, window_left, max_qo_len, batch_size, packed_mask, mask_indptr
+        As in :func:`run_ragged` (``qo_indptr`` is required, and so is ``mask_indptr`` with a mask).
     k_cache, v_cache : torch.Tensor
         The two halves of the cache, pages first (``[num_pages, ...]``, NHD or HND), q's dtype.
     k_strides, v_strides : tuple of int
@@ -260,21 +288,23 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
         if t is None or t.dtype != torch.int32 or t.device != q.device or t.numel() < n:
             raise InputError(f"{name} must be int32 on {q.device} with >= {n} entries, got "
                              f"{None if t is None else (t.dtype, str(t.device), t.numel())}")
+    _check_mask(packed_mask, mask_indptr, causal, q.device, batch_size, False)
     if nnz_q == 0 or batch_size == 0 or max_qo_len == 0:
         return
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
     flops = _work_flops(work_pairs, nnz_q, kv_indices.numel() * page_size, batch_size, bool(causal),
                         window_left, hq, d)
+    masked = packed_mask is not None
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0,
-                                 multicast=use_multicast(d, hq, hkv, flops)))
+                                 multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
     mod.fi_prefill_sm90_paged(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
         kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
         0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
         q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
         batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), knobs.fa3_ctas(),
-        current_stream(q.device))
+        -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
+        knobs.fa3_ctas(), current_stream(q.device))
 
 
 def _work_flops(work_pairs: Optional[int], nnz_q: int, nnz_kv: int, batch: int, causal: bool,
@@ -307,8 +337,7 @@ def run(call) -> None:
     otherwise ``nnz_q`` bounds it (correct; the persistent CTAs then walk and skip many empty
     m-blocks, a small cost per request).
     """
-    if getattr(call, "packed_mask", None) is not None:
-        raise UnsupportedError("the fa3 kernel does not support custom masks yet")
+    mask = dict(packed_mask=getattr(call, "packed_mask", None), mask_indptr=getattr(call, "mask_indptr", None))
     qo_indptr = getattr(call, "qo_indptr", None)
     kv_indptr = getattr(call, "kv_indptr", None)
     nnz_q = call.q.shape[0]
@@ -328,9 +357,9 @@ def run(call) -> None:
                   call.out, call.lse, k_strides=tuple(call.k_strides), v_strides=tuple(call.v_strides),
                   page_size=int(call.page_size), causal=bool(call.causal), sm_scale=float(call.sm_scale),
                   logits_soft_cap=softcap, window_left=getattr(call, "window_left", -1),
-                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads, work_pairs=pairs)
+                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads, work_pairs=pairs, **mask)
         return
     run_ragged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.out, call.lse,
                causal=bool(call.causal), sm_scale=float(call.sm_scale), logits_soft_cap=softcap,
                window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch,
-               work_pairs=pairs)
+               work_pairs=pairs, **mask)

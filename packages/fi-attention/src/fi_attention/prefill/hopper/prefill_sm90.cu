@@ -27,7 +27,8 @@
 //
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
 // (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:
-// logits = cap * tanh(sm_scale * q.k / cap)), FI_FA3_MCAST (0/1, d = 128: K/V multicast, see kMcast).
+// logits = cap * tanh(sm_scale * q.k / cap)), FI_CUSTOM_MASK (0/1: packed boolean masks, see
+// kCustomMask), FI_FA3_MCAST (0/1, d = 128: K/V multicast, see kMcast).
 // Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
 #include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
 #include <cuda_runtime.h>
@@ -46,6 +47,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "fi/common.cuh"
+#include "fi/mask_bits.cuh"
 #include "fi/math.cuh"
 
 #ifndef FI_HEAD_DIM
@@ -62,6 +64,9 @@
 #endif
 #ifndef FI_SOFTCAP
 #define FI_SOFTCAP 0
+#endif
+#ifndef FI_CUSTOM_MASK
+#define FI_CUSTOM_MASK 0
 #endif
 // FI_FA3_VARIANT selects an experimental schedule for A/B runs (bench option variant=N); 0, the
 // default, is the shipped one.
@@ -82,6 +87,9 @@ constexpr int kHeadDim = FI_HEAD_DIM;
 constexpr bool kCausal = FI_CAUSAL != 0;
 constexpr bool kPaged = FI_PAGED != 0;
 constexpr bool kSoftcap = FI_SOFTCAP != 0;
+// Custom masks (packed bits per request, FlashInfer's packbits order): every KV tile is masked,
+// each row's bits read as 32-key windows with its key range folded in (fi/mask_bits.cuh).
+constexpr bool kCustomMask = FI_CUSTOM_MASK != 0;
 constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
 constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
 // K/V ring depth. d <= 128: 3 stages (Q 32 KB + 3 x (K, V) 32 KB = 224 KB of the 227 KB) so a
@@ -221,6 +229,10 @@ enum TileDescField {
   kDescQRow,     // token index of the tile's first query row (qo_start + m_block * kBlockM)
   kDescRows,     // query rows of the tile (<= kBlockM)
   kDescHead,
+#if FI_CUSTOM_MASK
+  kDescMaskByte,  // the request's first mask byte (mask_indptr[b])
+  kDescMRow,      // m_block * kBlockM: the tile's first query row within its request
+#endif
   kDescInts
 };
 enum TileKind { kTileWork = 0, kTileNoKeys = 1, kTileEnd = 2 };
@@ -267,6 +279,8 @@ struct Params {
   int heads_outer;  // 1: map dims (d, token, head, page) (HND caches); 0: (d, head, token, page)
   float scale_log2;  // sm_scale * log2(e): softmax in base 2 (soft cap: cap * log2(e))
   float softcap_pre; // soft cap: sm_scale / cap, applied before tanh
+  const uint8_t* mask;     // custom mask modules: packed bits, request b's from byte mask_indptr[b]
+  const int* mask_indptr;  // NULL: one request (single prefill), its bits from byte 0
 };
 
 // ---- PTX helpers: mbarrier, TMA, register reconfiguration --------------------------------------
@@ -402,6 +416,7 @@ FI_DEVICE constexpr int row_of(int v) { return (v >> 1) & 1; }
 // One work tile: a 128-row query block of one head of one request, and its KV tile range.
 struct Tile {
   int m_block, head, b, qo_start, qo_len, kv_start, kv_len, diag, n_start, n_end;
+  int mask_byte;  // custom masks: the request's first mask byte
   bool valid;  // false: the m-block is past this request's queries (nothing to do)
 };
 
@@ -428,6 +443,7 @@ FI_DEVICE Tile tile_info(const Params& p, int t) {
   w.kv_len = single ? p.single_kv_len : p.kv_indptr[w.b + 1] - w.kv_start;
 #endif
   w.valid = w.m_block * kBlockM < w.qo_len;
+  w.mask_byte = kCustomMask && p.mask_indptr != nullptr ? p.mask_indptr[w.b] : 0;
   // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
   w.diag = w.kv_len - w.qo_len;
   w.n_end = fi::ceil_div(w.kv_len, kBlockN);
@@ -522,6 +538,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           sts(&d[kDescQRow], w.qo_start + w.m_block * kBlockM);
           sts(&d[kDescRows], min(kBlockM, w.qo_len - w.m_block * kBlockM));
           sts(&d[kDescHead], w.head);
+#if FI_CUSTOM_MASK
+          sts(&d[kDescMaskByte], w.mask_byte);
+          sts(&d[kDescMRow], w.m_block * kBlockM);
+#endif
         }
         if (kind == kTileWork) {
           mbar_expect_tx(&ss.bar_q, kQBytes);  // arrives: releases the descriptor with it
@@ -712,16 +732,47 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     for (int i = 0; i < 2; ++i) {
       const int lim = row_in_tile[i] + row_diag;  // = row + diag: the row's last causal key
       hi[i] = (kCausal ? min(kv_len - 1, lim) : kv_len - 1) - base;
-      lo[i] = window >= 0 ? lim - window - base : INT_MIN;
+      lo[i] = window >= 0 ? lim - window - base : (kCustomMask ? -1 : INT_MIN);
     }
+#if FI_CUSTOM_MASK
+    {
+      // Row i's bits for this thread's columns base + c, 32 per window, ANDed with its visible
+      // range [lo, hi]; rows past the tile's queries read no mask. Accumulator value v is row
+      // (v / 2) % 2, column 8 (v / 4) + v % 2 of the thread's (wgmma's C layout), so window v / 16
+      // holds it: the window index is a compile-time constant (a runtime index would put the
+      // windows, and with them S, in local memory).
+      constexpr int kWindows = (kBlockN + 31) / 32;
+      static_assert(kBlockN % 8 == 0 && size(decltype(tSrS){}) == kBlockN / 2, "wgmma C layout assumed");
+      const uint8_t* mask = p.mask + desc(kDescMaskByte);
+      const int m_row = desc(kDescMRow), rows = desc(kDescRows);
+      CUTE_UNROLL
+      for (int wi = 0; wi < kWindows; ++wi) {  // one window (two registers) live at a time
+        uint32_t bits[2];
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const int64_t row_bit = int64_t(m_row + row_in_tile[i]) * kv_len;
+          const uint32_t m = row_in_tile[i] < rows ? fi::mask_window32(mask, row_bit, base + 32 * wi, kv_len) : 0u;
+          bits[i] = m & fi::range_bits32(lo[i] - 32 * wi, hi[i] + 1 - 32 * wi);
+        }
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          if (v / 16 != wi) continue;  // resolved at compile time (both unrolled)
+          const int c = get<1>(tScS(v)) - get<1>(tScS(0)) - 32 * wi;  // 0..31
+          if (!((bits[row_of(v)] >> c) & 1u)) tSrS(v) = fi::kNegInf;
+        }
+      }
+    }
+#else
     CUTE_UNROLL
     for (int v = 0; v < size(tSrS); ++v) {
       const int c = get<1>(tScS(v)) - get<1>(tScS(0));
       if (c > hi[row_of(v)] || c < lo[row_of(v)]) tSrS(v) = fi::kNegInf;
     }
+#endif
   };
   // Only tiles that cross the sequence end or (causal) the diagonal of this query tile need masks.
   auto needs_mask = [&](int n) {
+    if constexpr (kCustomMask) return true;
     const int last_col = (n + 1) * kBlockN - 1;
     const int row_diag = row_diag_of(), kv_len = kv_len_of();
     return last_col >= kv_len || (kCausal && last_col > row_diag) ||
@@ -1059,7 +1110,10 @@ inline int max_active_pairs(int dev) {
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
                   int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                  int64_t max_ctas, cudaStream_t stream) {
+                  const void* mask, const void* mask_indptr, int64_t max_ctas, cudaStream_t stream) {
+  if (kCustomMask != (mask != nullptr)) return cudaErrorInvalidValue;  // wrong module for the call
+  p.mask = static_cast<const uint8_t*>(mask);
+  p.mask_indptr = static_cast<const int*>(mask_indptr);
   p.o = static_cast<Element*>(o);
   p.lse = static_cast<float*>(lse);
   p.qo_indptr = static_cast<const int*>(qo_indptr);
@@ -1114,8 +1168,8 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     float softcap, int64_t window_left, int64_t max_ctas,
-                                     cudaStream_t stream) {
+                                     float softcap, int64_t window_left, const void* mask,
+                                     const void* mask_indptr, int64_t max_ctas, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   if (qo_indptr == nullptr && (kv_indptr != nullptr || batch != 1)) return cudaErrorInvalidValue;
@@ -1132,7 +1186,7 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, max_ctas, stream);
+                sm_scale, softcap, window_left, mask, mask_indptr, max_ctas, stream);
 }
 #else
 // Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
@@ -1146,7 +1200,8 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
                                     int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
                                     int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
                                     int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                                    int64_t max_ctas, cudaStream_t stream) {
+                                    const void* mask, const void* mask_indptr, int64_t max_ctas,
+                                    cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   const bool tile_in_page = page_size % kBlockN == 0;
@@ -1169,6 +1224,6 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   p.last_page_len = static_cast<const int*>(last_page_len);
   p.page_size = int(page_size);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, max_ctas, stream);
+                sm_scale, softcap, window_left, mask, mask_indptr, max_ctas, stream);
 }
 #endif

@@ -22,6 +22,7 @@ RAGGED_ENTRY = Entry(
      "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
      "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
      "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "ptr", "ptr",                                      # mask mask_indptr (custom-mask modules; else NULL)
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
@@ -33,6 +34,7 @@ PAGED_ENTRY = Entry(
      "i64", "i64", "i64", "i64", "i64", "i64",          # k/v strides (page, token, head)
      "i64", "i64",                                      # o strides
      "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "ptr", "ptr",                                      # mask mask_indptr (custom-mask modules; else NULL)
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
 
@@ -101,6 +103,13 @@ def use_multicast(head_dim: int, num_qo_heads: int, num_kv_heads: int, flops: Op
     return flops is not None and flops >= MULTICAST_MIN_FLOPS
 
 
+# Custom-mask consumers (ptxas, nvcc 13.0): d = 64 spill-free, d = 128 32 bytes, d = 256 80 bytes
+# (its consumers hold a 64x256 O at 240 registers). Measured with the spills on the H200 against
+# the spill-free fa2 kernel on a masked L = 4096 prefill (custom_mask_prefill routine, session 31):
+# x1.18 (d = 64), x1.20 (d = 128), x1.43 (d = 256). The compile check allows these, no more.
+MASK_SPILL_BUDGET = {128: 32, 256: 80}
+
+
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
 def kv_tile(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 80
@@ -108,20 +117,23 @@ def kv_tile(head_dim: int) -> int:
 
 @functools.cache
 def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False,
-                      softcap: bool = False, multicast: bool = False) -> KernelSpec:
-    """The module for one (dtype, head_dim, causal, paged, softcap, multicast); ``arch`` must be
-    9.0a. ``multicast`` (head_dim 128 only): 2-CTA clusters share K/V tiles by TMA multicast
-    (FI_FA3_MCAST in prefill_sm90.cu); such a module serves only even GQA groups (see
-    ``use_multicast``)."""
+                      softcap: bool = False, multicast: bool = False, custom_mask: bool = False) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal, paged, softcap, multicast, custom_mask);
+    ``arch`` must be 9.0a. ``multicast`` (head_dim 128 only): 2-CTA clusters share K/V tiles by
+    TMA multicast (FI_FA3_MCAST in prefill_sm90.cu); such a module serves only even GQA groups (see
+    ``use_multicast``). ``custom_mask``: packed boolean masks (FI_CUSTOM_MASK; a custom mask
+    replaces causality, so such a module is never causal)."""
     if dtype not in DTYPES:
         raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
     if multicast and head_dim != MULTICAST_HEAD_DIM:
         raise ValueError(f"fa3 multicast needs head_dim {MULTICAST_HEAD_DIM}, got {head_dim}")
+    if custom_mask and causal:
+        raise ValueError("a custom mask replaces the causal mask: custom_mask modules are not causal")
     arch = Arch.parse(arch)
     layout = "paged" if paged else "ragged"
-    mask = "causal" if causal else "full"
+    mask = "mask" if custom_mask else "causal" if causal else "full"
     defines = {}
     if VARIANT is not None:
         defines["FI_FA3_VARIANT"] = str(VARIANT)
@@ -136,10 +148,12 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_CAUSAL": "1" if causal else "0",
             "FI_PAGED": "1" if paged else "0",
             "FI_SOFTCAP": "1" if softcap else "0",
+            **({"FI_CUSTOM_MASK": "1"} if custom_mask else {}),
             **({"FI_FA3_MCAST": "1"} if multicast else {}),
             **defines,
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
         package="fi_attention",
+        spill_budget=MASK_SPILL_BUDGET.get(head_dim, 0) if custom_mask else 0,
     )
