@@ -71,7 +71,8 @@ def fa2_kv_tile(warps: int, m_tiles: int, kv_tile: int, head_dim: int, arch: Arc
 # x1.129, paged fp8 + soft cap x1.111 (12). So those modules declare a budget for the compile
 # check; spill-free rewrites of earlier spilling paged versions that kept the row sums / maxima
 # in shared memory were slower than the spill. Custom masks at d = 128 (regular tiles since
-# session 31) spill 0-12 bytes there and ran x1.110 against the spill-free narrow tile.
+# session 31) spill 0-36 bytes there (fa2_spill_audit_session31.txt) and ran x1.110 against the
+# spill-free narrow tile (measured with 0-12 bytes, before the range fold, which gained x1.116).
 KV64_SPILL_BUDGET = 64
 
 
