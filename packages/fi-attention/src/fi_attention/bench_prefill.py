@@ -61,6 +61,15 @@ def _apply_tile_option(args: RoutineArgs) -> str:
     return label
 
 
+def _single_inputs(L: int, d: int):
+    """Rotating (q [L, 32, d], k, v [L, 8, d]) bf16 sets of one sequence, more than L2 holds."""
+    def make(i):
+        return (testing.randn((L, HQ, d), torch.bfloat16, "cuda", seed=3 * i),
+                testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 1),
+                testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 2))
+    return rotating_inputs(make, "cuda", max_sets=4)
+
+
 def _target_us(kind, length, flops, backend):
     t = (FA2_TARGET_TFLOPS if backend == "fa2" else TARGET_TFLOPS).get((kind, length))
     return None if t is None else round(flops / (t * 1e12) * 1e6, 1)
@@ -76,11 +85,7 @@ def single_prefill_routine(args: RoutineArgs):
     lengths = [int(x) for x in args.options.get("L", "4096" if args.quick else "4096,16384").split(",")]
     tile = _apply_tile_option(args)
     for L in lengths:
-        def make(i, L=L):
-            return (testing.randn((L, HQ, D), torch.bfloat16, "cuda", seed=3 * i),
-                    testing.randn((L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 1),
-                    testing.randn((L, HKV, D), torch.bfloat16, "cuda", seed=3 * i + 2))
-        sets = rotating_inputs(make, "cuda", max_sets=4)
+        sets = _single_inputs(L, D)
         ours_fn = lambda q, k, v: single_prefill_with_kv_cache(q, k, v, causal=causal, backend=backend)  # noqa: E731
         base_fn = lambda q, k, v: _sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None],  # noqa: E731
                                         v.transpose(0, 1)[None], causal)
@@ -200,11 +205,7 @@ def custom_mask_prefill_routine(args: RoutineArgs):
     packed = packbits(keep.flatten().cuda(), bitorder="little")
     keep_dev = keep.cuda()
     for d in dims:
-        def make(i, d=d):
-            return (testing.randn((L, HQ, d), torch.bfloat16, "cuda", seed=3 * i),
-                    testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 1),
-                    testing.randn((L, HKV, d), torch.bfloat16, "cuda", seed=3 * i + 2))
-        sets = rotating_inputs(make, "cuda", max_sets=4)
+        sets = _single_inputs(L, d)
 
         def base_fn(q, k, v):  # K/V heads expanded: the masked SDPA kernels take no GQA
             g = HQ // HKV
