@@ -71,7 +71,7 @@ class _UseBuild:
         self.make = spec_factory(build)
         self.wide = build.endswith("+wide")
         # single prefill caches its schedules by shape, not by tile: a +wide build keeps its own
-        self.schedules = functools.lru_cache(maxsize=256)(api._single_schedule.__wrapped__)
+        self.schedules = functools.lru_cache(maxsize=256)(api._single_schedule.__wrapped__) if self.wide else None
 
     def __enter__(self):
         from fi_attention.prefill import api, launch, spec  # noqa: PLC0415

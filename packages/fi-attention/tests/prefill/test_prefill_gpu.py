@@ -60,11 +60,10 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, 128, 128, True, arch, **{k: True}) for k in ("alibi", "rope")]  # paged positions
     specs += [fa2_spec(bf, d, d, True, arch, custom_mask=True, kv_dtype=kv)  # paged custom masks
               for d, kv in ((128, bf), (256, bf), (256, torch.float8_e4m3fn), (64, bf))]
-    if arch.major == 9:  # the fa3 custom-mask modules (ragged and paged) the mask tests launch
-        from fi_core import Arch  # noqa: PLC0415
+    if arch.cc == 90 and arch.suffix == "a":  # the fa3 custom-mask modules the mask tests launch
         from fi_attention.prefill.hopper.spec import prefill_sm90_spec  # noqa: PLC0415
 
-        specs += [prefill_sm90_spec(bf, d, False, Arch.parse("9.0a"), paged=paged, custom_mask=True)
+        specs += [prefill_sm90_spec(bf, d, False, arch, paged=paged, custom_mask=True)
                   for d in (64, 128, 256) for paged in (False, True)]
     return specs
 
@@ -490,8 +489,7 @@ def test_fa3_cuda_graph_covers_the_longest_plan_before_capture():
     (a launch argument the graph keeps): a graph captured after a plan of short requests replays a
     re-plan of the earlier longer batch correctly, and a plan longer than any before the capture
     warns. Without the bound the capture would cover 2 of the long request's 4 query blocks."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("fa3 needs an sm_90 GPU")
+    _fa3_or_skip("fa3")
     long_qo, long_kv = [7, 500, 5], [600, 900, 300]
     short_qo, short_kv = [171, 171, 170], [200, 171, 1000]
     t = _GraphPaged("fa3", n_q=512, n_pages=200)
