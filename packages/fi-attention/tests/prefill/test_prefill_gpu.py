@@ -60,11 +60,13 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, 128, 128, True, arch, **{k: True}) for k in ("alibi", "rope")]  # paged positions
     specs += [fa2_spec(bf, d, d, True, arch, custom_mask=True, kv_dtype=kv)  # paged custom masks
               for d, kv in ((128, bf), (256, bf), (256, torch.float8_e4m3fn), (64, bf))]
+    specs += [fa2_spec(bf, 128, 128, False, arch, custom_mask=True, softcap=True)]  # mask + window + cap
     if arch.cc == 90 and arch.suffix == "a":  # the fa3 custom-mask modules the mask tests launch
         from fi_attention.prefill.hopper.spec import prefill_sm90_spec  # noqa: PLC0415
 
         specs += [prefill_sm90_spec(bf, d, False, arch, paged=paged, custom_mask=True)
                   for d in (64, 128, 256) for paged in (False, True)]
+        specs += [prefill_sm90_spec(bf, d, False, arch, custom_mask=True, softcap=True) for d in (64, 128, 256)]
     return specs
 
 
@@ -167,6 +169,24 @@ def test_single_prefill_custom_mask_fa3(d, lq, lkv):
     assert lse[17].isneginf().all() and (out[17] == 0).all()
     two = single_prefill_with_kv_cache(q, k, v, custom_mask=m.cuda(), backend="fa2")
     _close(out, two.float(), torch.bfloat16, "fa3 vs fa2: ")
+
+
+@pytest.mark.parametrize("backend,d", [("fa2", 128), ("fa3", 128), ("fa3", 64), ("fa3", 256)])
+def test_custom_mask_with_window_and_softcap(backend, d):
+    """A custom mask, a sliding window and a soft cap together (the window skips whole KV tiles on
+    fa3, so the mask's first visited tile is not tile 0), with qo < kv and rows the window and the
+    mask empty together."""
+    _fa3_or_skip(backend)
+    lq, lkv, window = 300, 1000, 77
+    q, k, v = _qkv(lq, lkv, 8, 2, d, d, torch.bfloat16, seed=40 + d)
+    m = testing.rand((lq, lkv), seed=41) > 0.5
+    m[5, lkv - lq + 5 - window:] = False  # row 5: nothing inside its window is visible
+    kw = dict(window_left=window, logits_soft_cap=30.0)
+    out, lse = single_prefill_with_kv_cache(q, k, v, custom_mask=m.cuda(), backend=backend, return_lse=True, **kw)
+    ref, ref_lse = attention_reference(q, k, v, custom_mask=m, return_lse=True, **kw)
+    _close(out, ref, torch.bfloat16, f"{backend} mask + window d={d}: ")
+    testing.assert_close(lse, ref_lse, **LSE_TOL)
+    assert lse[5].isneginf().all() and (out[5] == 0).all()
 
 
 @pytest.mark.parametrize("dqk,dvo", [(128, 128), (64, 64), (192, 128)])
