@@ -366,6 +366,8 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   }
 #if FI_CUSTOM_MASK
   const uint8_t* mask = p.mask + (p.mask_indptr != nullptr ? p.mask_indptr[req] : 0);
+  // The request's last mask byte + 1: fi::mask_windows32 reads aligned words only inside it.
+  const uint8_t* mask_end = mask + (int64_t(r.qo_len) * r.kv_len + 7) / 8;
 #endif
 
   float o[MT][DVO / 8][4];
@@ -492,12 +494,17 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
           // visible range [lo_rel, hi_rel) folded in: one bit test per element. Rows past the
           // request (padding) keep every key in range.
           uint32_t mbits[KN / 32];
+          if (qi < r.qo_len) {
+            fi::mask_windows32(mask, mask_end, (int64_t)qi * r.kv_len, col0, r.kv_len, mbits);
+          } else {
 #pragma unroll
-          for (int wi = 0; wi < KN / 32; ++wi) {
-            const uint32_t bits = qi < r.qo_len
-                                      ? fi::mask_window32(mask, (int64_t)qi * r.kv_len, col0 + 32 * wi, r.kv_len)
-                                      : 0xffffffffu;
-            mbits[wi] = bits & fi::range_bits32(lo_rel - 32 * wi, hi_rel - 32 * wi);
+            for (int wi = 0; wi < KN / 32; ++wi) mbits[wi] = 0xffffffffu;
+          }
+          // The range cuts into the tile only at the request's (or the split chunk's) last key or
+          // under a sliding window (lo_rel is <= 0 otherwise): elsewhere the fold is skipped.
+          if (p.window_left >= 0 || hi_rel < KN) {
+#pragma unroll
+            for (int wi = 0; wi < KN / 32; ++wi) mbits[wi] &= fi::range_bits32(lo_rel - 32 * wi, hi_rel - 32 * wi);
           }
 #endif
 #pragma unroll

@@ -87,8 +87,13 @@ constexpr int kHeadDim = FI_HEAD_DIM;
 constexpr bool kCausal = FI_CAUSAL != 0;
 constexpr bool kPaged = FI_PAGED != 0;
 constexpr bool kSoftcap = FI_SOFTCAP != 0;
-// Custom masks (packed bits per request, FlashInfer's packbits order): every KV tile is masked,
-// each row's bits read as 32-key windows with its key range folded in (fi/mask_bits.cuh).
+// Custom masks (packed bits per request, FlashInfer's packbits order): every KV tile is masked.
+// Each consumer thread reads its two rows' bits for the next KV tile as aligned 32-bit words
+// (fi::mask_windows32: 5 loads and 4 funnel shifts per row and 128 keys, where the byte form took
+// up to 20 byte loads) before it waits for that tile's Q K^T, and folds the row's key range in only
+// on tiles that need it. tools/ab_fa3.py in turns against session 31's byte windows read after the
+// wait (random mask of density 1/2, L = 4096, 9 rounds, prefill_fa3_ab_session32_mask_loads.json):
+// x1.59 / x1.82 / x1.66 at d = 64 / 128 / 256 (loads before the wait alone: x0.97 / 1.14 / 1.14).
 constexpr bool kCustomMask = FI_CUSTOM_MASK != 0;
 constexpr int kBlockM = 128;                           // 2 consumer warpgroups x 64 rows
 constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x(K,V) in 227 KB
@@ -231,6 +236,7 @@ enum TileDescField {
   kDescHead,
 #if FI_CUSTOM_MASK
   kDescMaskByte,  // the request's first mask byte (mask_indptr[b])
+  kDescMaskLen,   // its mask bytes, ceil(qo_len * kv_len / 8): aligned word loads stay inside them
   kDescMRow,      // m_block * kBlockM: the tile's first query row within its request
 #endif
   kDescInts
@@ -417,6 +423,7 @@ FI_DEVICE constexpr int row_of(int v) { return (v >> 1) & 1; }
 struct Tile {
   int m_block, head, b, qo_start, qo_len, kv_start, kv_len, diag, n_start, n_end;
   int mask_byte;  // custom masks: the request's first mask byte
+  int mask_len;   // and its byte count (capped at INT_MAX: a shorter range only takes the byte path more)
   bool valid;  // false: the m-block is past this request's queries (nothing to do)
 };
 
@@ -444,6 +451,7 @@ FI_DEVICE Tile tile_info(const Params& p, int t) {
 #endif
   w.valid = w.m_block * kBlockM < w.qo_len;
   w.mask_byte = kCustomMask && p.mask_indptr != nullptr ? p.mask_indptr[w.b] : 0;
+  w.mask_len = kCustomMask ? int(min((int64_t(w.qo_len) * w.kv_len + 7) / 8, int64_t(INT_MAX))) : 0;
   // Query row i (0-based in its request) sees keys j <= i + diag (bottom-right aligned causal).
   w.diag = w.kv_len - w.qo_len;
   w.n_end = fi::ceil_div(w.kv_len, kBlockN);
@@ -540,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           sts(&d[kDescHead], w.head);
 #if FI_CUSTOM_MASK
           sts(&d[kDescMaskByte], w.mask_byte);
+          sts(&d[kDescMaskLen], w.mask_len);
           sts(&d[kDescMRow], w.m_block * kBlockM);
 #endif
         }
@@ -720,8 +729,31 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   float row_max[2] = {fi::kNegInf, fi::kNegInf};
   float row_sum[2] = {0.f, 0.f};
 
+#if FI_CUSTOM_MASK
+  constexpr int kWindows = (kBlockN + 31) / 32;
+  // The raw mask windows of KV tile n for this thread's two rows (no range folded in yet), as
+  // aligned words (fi::mask_windows32): loaded before the Q K^T wait so that their latency hides
+  // under the GEMM.
+  auto load_mask = [&](int n, uint32_t (&raw)[2][kWindows]) {
+    const int kv_len = kv_len_of();
+    const int base = n * kBlockN + get<1>(tScS(0));
+    const uint8_t* mask = p.mask + desc(kDescMaskByte);
+    const uint8_t* mask_end = mask + desc(kDescMaskLen);
+    const int m_row = desc(kDescMRow), rows = desc(kDescRows);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      if (row_in_tile[i] < rows) {
+        fi::mask_windows32(mask, mask_end, int64_t(m_row + row_in_tile[i]) * kv_len, base, kv_len, raw[i]);
+      } else {
+        CUTE_UNROLL
+        for (int wi = 0; wi < kWindows; ++wi) raw[i][wi] = 0u;
+      }
+    }
+  };
+  uint32_t mraw[2][kWindows];
+#endif
   // Masks columns of KV tile n that are past the request's keys or (causal) above the diagonal.
-  auto mask_tile = [&](int n) {
+  auto mask_tile = [&](int n, bool preloaded = false) {
     const int row_diag = row_diag_of(), kv_len = kv_len_of();
     // Column bounds per row of this thread, relative to its first column of the tile: the
     // per-value offsets below are compile-time constants, so each value costs two compares and
@@ -741,24 +773,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       // (v / 2) % 2, column 8 (v / 4) + v % 2 of the thread's (wgmma's C layout), so window v / 16
       // holds it: the window index is a compile-time constant (a runtime index would put the
       // windows, and with them S, in local memory).
-      constexpr int kWindows = (kBlockN + 31) / 32;
       static_assert(kBlockN % 8 == 0 && size(decltype(tSrS){}) == kBlockN / 2, "wgmma C layout assumed");
-      const uint8_t* mask = p.mask + desc(kDescMaskByte);
-      const int m_row = desc(kDescMRow), rows = desc(kDescRows);
-      CUTE_UNROLL
-      for (int wi = 0; wi < kWindows; ++wi) {  // one window (two registers) live at a time
-        uint32_t bits[2];
+      if (!preloaded) load_mask(n, mraw);
+      // The range only cuts into a tile that crosses the request's last key or under a sliding
+      // window (custom masks are never causal, and lo is -1 otherwise): elsewhere the fold is
+      // skipped (a warp-uniform branch).
+      if (window >= 0 || (n + 1) * kBlockN > kv_len) {
         CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          const int64_t row_bit = int64_t(m_row + row_in_tile[i]) * kv_len;
-          const uint32_t m = row_in_tile[i] < rows ? fi::mask_window32(mask, row_bit, base + 32 * wi, kv_len) : 0u;
-          bits[i] = m & fi::range_bits32(lo[i] - 32 * wi, hi[i] + 1 - 32 * wi);
+        for (int wi = 0; wi < kWindows; ++wi) {
+          CUTE_UNROLL
+          for (int i = 0; i < 2; ++i) mraw[i][wi] &= fi::range_bits32(lo[i] - 32 * wi, hi[i] + 1 - 32 * wi);
         }
+      }
+      CUTE_UNROLL
+      for (int wi = 0; wi < kWindows; ++wi) {
         CUTE_UNROLL
         for (int v = 0; v < size(tSrS); ++v) {
           if (v / 16 != wi) continue;  // resolved at compile time (both unrolled)
           const int c = get<1>(tScS(v)) - get<1>(tScS(0)) - 32 * wi;  // 0..31
-          if (!((bits[row_of(v)] >> c) & 1u)) tSrS(v) = fi::kNegInf;
+          if (!((mraw[row_of(v)][wi] >> c) & 1u)) tSrS(v) = fi::kNegInf;
         }
       }
     }
@@ -987,12 +1020,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       // ... O += P(n) V(n) is queued behind it.
       gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
       sched_arrive();
+#if FI_CUSTOM_MASK
+      load_mask(n - 1, mraw);  // under the GEMMs
+#endif
       warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
       warpgroup_fence_operand(tSrS);
       release(&ss.empty_k[s_next]);
       if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
       if (kSoftcap) apply_softcap();
-      if (needs_mask(n - 1)) mask_tile(n - 1);
+      if (needs_mask(n - 1)) mask_tile(n - 1, kCustomMask);
       softmax(rescale);
       // Wait for the next P V's V stage here, before the P V wait: the mbarrier poll loop ends
       // a basic block, and ptxas hoists a wgmma wait (WARPGROUP.DEPBAR) to the top of its block.
