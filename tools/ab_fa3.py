@@ -159,9 +159,10 @@ def cases(names, dev):
             k = testing.randn((L, HKV, d), bf16, dev, seed=2)
             v = testing.randn((L, HKV, d), bf16, dev, seed=3)
             o = torch.empty_like(q)
+            from fi_attention.prefill import packbits  # noqa: PLC0415
+
             keep = testing.rand((L, L), seed=5) < 0.5
-            bits = keep.view(L * L // 8, 8).to(torch.int32) << torch.arange(8, dtype=torch.int32)
-            packed = bits.sum(1).to(torch.uint8).to(dev)  # little bit order
+            packed = packbits(keep.flatten().to(dev), bitorder="little")
 
             def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, d=d, packed=packed):
                 rr(q, k, v, None, None, o, None, causal=False, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1,
