@@ -13,7 +13,8 @@ single4k_d256 (head_dim 256), single4k_d64 / single16k_d64 (head_dim 64), ragged
 paged (the same batch, page 16, pages in random order), paged_seq (page 16, pages in order),
 paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in order, K and V in two
 tensors: ragged's addresses), mask4k / mask4k_d64 / mask4k_d256 (single L=4096 under a random
-packed custom mask of density 1/2, not causal: the custom_mask_prefill routine's case).
+packed custom mask of density 1/2, not causal: the custom_mask_prefill routine's case),
+mask4k_cap (mask4k at head_dim 128 with logits_soft_cap 50: the mask + soft-cap module).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default), ``mc`` / ``nomc``
 (the default with / without K/V multicast, whatever FI_FA3_MULTICAST says; under its default,
@@ -77,7 +78,8 @@ def specs_for(build: str, arch, names) -> list:
             "causal": any(n.startswith("single") and _head_dim(n) == D or n == "ragged" for n in names),
             "paged": any(n.startswith("paged") for n in names)}
     other_dims = sorted({_head_dim(n) for n in names if not n.startswith("mask")} - {D})
-    mask_dims = sorted({_head_dim(n) for n in names if n.startswith("mask")})
+    mask_dims = sorted({_head_dim(n) for n in names if n.startswith("mask") and not n.endswith("_cap")})
+    mask_cap = any(n.startswith("mask") and n.endswith("_cap") for n in names)
     from fi_core import knobs  # noqa: PLC0415
 
     # every case is GQA 32/8: head_dim D runs the multicast module when it is on, and under
@@ -89,7 +91,8 @@ def specs_for(build: str, arch, names) -> list:
             + [make(bf16, D, False, arch, multicast=mc) for mc in mcs] * need["full"]
             + [make(bf16, D, True, arch, paged=True, multicast=mc) for mc in mcs] * need["paged"]
             + [make(bf16, d, True, arch) for d in other_dims]
-            + [make(bf16, d, False, arch, custom_mask=True) for d in mask_dims])
+            + [make(bf16, d, False, arch, custom_mask=True) for d in mask_dims]
+            + [make(bf16, D, False, arch, custom_mask=True, softcap=True)] * mask_cap)
 
 
 def _head_dim(name: str) -> int:
@@ -153,8 +156,9 @@ def cases(names, dev):
                        v_strides=tuple(vc.stride()[:3]), page_size=page, causal=True, sm_scale=D ** -0.5,
                        max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
             flops = batch * 4.0 * L * L * HQ * D / 2
-        elif name in ("mask4k", "mask4k_d64", "mask4k_d256"):
+        elif name in ("mask4k", "mask4k_d64", "mask4k_d256", "mask4k_cap"):
             L, d = 4096, _head_dim(name)
+            cap = 50.0 if name.endswith("_cap") else None
             q = testing.randn((L, HQ, d), bf16, dev, seed=1)
             k = testing.randn((L, HKV, d), bf16, dev, seed=2)
             v = testing.randn((L, HKV, d), bf16, dev, seed=3)
@@ -164,9 +168,9 @@ def cases(names, dev):
             keep = testing.rand((L, L), seed=5) < 0.5
             packed = packbits(keep.flatten().to(dev), bitorder="little")
 
-            def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, d=d, packed=packed):
-                rr(q, k, v, None, None, o, None, causal=False, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1,
-                   packed_mask=packed)
+            def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, d=d, packed=packed, cap=cap):
+                rr(q, k, v, None, None, o, None, causal=False, sm_scale=d ** -0.5, logits_soft_cap=cap,
+                   max_qo_len=L, batch_size=1, packed_mask=packed)
             flops = 4.0 * L * L * HQ * d
         else:
             raise SystemExit(f"unknown case {name}")

@@ -193,14 +193,19 @@ def paged_routine(args: RoutineArgs):
               "vs torch SDPA with the boolean mask")
 def custom_mask_prefill_routine(args: RoutineArgs):
     """Options: ``L`` (default 4096), ``d`` (head dims, default 64,128,256), ``backends`` (default
-    fa3,fa2). Every KV tile is visited under a custom mask, so TFLOP/s count the full L^2 product."""
+    fa3,fa2), ``softcap`` (logits soft cap, default off: the mask + soft-cap modules; SDPA has no
+    soft cap, so its baseline then times the same mask without it and the check compares with the
+    fp32 reference). Every KV tile is visited under a custom mask, so TFLOP/s count the full L^2
+    product."""
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
     from fi_attention.prefill import packbits, single_prefill_with_kv_cache  # noqa: PLC0415
+    from fi_attention.reference import attention_reference  # noqa: PLC0415
 
     L = int(args.options.get("L", "4096"))
     dims = [int(x) for x in args.options.get("d", "128" if args.quick else "64,128,256").split(",")]
     backends = args.options.get("backends", "fa3,fa2").split(",")
+    cap = float(args.options.get("softcap", "0")) or None
     keep = torch.rand((L, L), generator=torch.Generator().manual_seed(5)) < 0.5
     packed = packbits(keep.flatten().cuda(), bitorder="little")
     keep_dev = keep.cuda()
@@ -214,12 +219,22 @@ def custom_mask_prefill_routine(args: RoutineArgs):
                     q.transpose(0, 1)[None], k.repeat_interleave(g, 1).transpose(0, 1)[None],
                     v.repeat_interleave(g, 1).transpose(0, 1)[None], attn_mask=keep_dev)
         q, k, v = sets[0]
-        ref = base_fn(q, k, v)[0].transpose(0, 1)
+        if cap is None:
+            ref = base_fn(q, k, v)[0].transpose(0, 1)
+        else:
+            ref = attention_reference(q, k, v, logits_soft_cap=cap, custom_mask=keep_dev)
         base = time_fn(base_fn, sets, reps=10, min_calls_per_replay=2)
         flops = 4.0 * L * L * HQ * d
+        what = f"L={L} random mask{f' soft cap {cap:g}' if cap else ''} 32/8 d{d} bf16"
         for backend in backends:
             def ours_fn(q, k, v, backend=backend):
-                return single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, backend=backend)
+                return single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed, logits_soft_cap=cap,
+                                                    backend=backend)
+            _check(ours_fn(q, k, v), ref, f"custom mask{' + soft cap' if cap else ''} d={d} {backend}")
+            ours = time_fn(ours_fn, sets, reps=10, min_calls_per_replay=4)
+            base_name = "torch SDPA (bool mask, K/V expanded" + (", no soft cap)" if cap else ")")
+            yield BenchRow("custom_mask_prefill", f"{what} [{backend}]", ours,
+                           flops=flops, baseline=(base_name, base), backend=backend)
             _check(ours_fn(q, k, v), ref, f"custom mask d={d} {backend}")
             ours = time_fn(ours_fn, sets, reps=10, min_calls_per_replay=4)
             yield BenchRow("custom_mask_prefill", f"L={L} random mask 32/8 d{d} bf16 [{backend}]", ours,

@@ -177,6 +177,9 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
 // and this SM's L1 may hold a stale line of part_lse. That item also puts the counter back to 0:
 // no other item of this launch touches it again, and the next launch's items count only after
 // griddepcontrol.wait (this grid has completed). plan() allocates the counters zeroed.
+#ifndef FI_MERGE_MU
+#define FI_MERGE_MU 8  // A/B switch (tools/ab_decode.py MERGE_MU=N): slots loaded per round of the merge
+#endif
 template <typename QT, int D, int GH, int THREADS, typename P>
 __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
   const int lo = p.merge_indptr[req], n = p.merge_indptr[req + 1] - lo;  // in flight across the barrier
@@ -191,7 +194,7 @@ __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
   }
   if (!__syncthreads_or(last)) return;
   constexpr int Q = D / 4;  // float4 columns of a head
-  constexpr int MU = 8;     // slots whose loads are in flight at once
+  constexpr int MU = FI_MERGE_MU;  // slots whose loads are in flight at once
   const int64_t step = int64_t(p.hq) * Q;  // float4s from one slot to the next
   for (int u = threadIdx.x; u < GH * Q; u += THREADS) {
     const int g = u / Q, col = u - g * Q, h = qh0 + g;
