@@ -14,7 +14,8 @@ paged (the same batch, page 16, pages in random order), paged_seq (page 16, page
 paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in order, K and V in two
 tensors: ragged's addresses), mask4k / mask4k_d64 / mask4k_d256 (single L=4096 under a random
 packed custom mask of density 1/2, not causal: the custom_mask_prefill routine's case),
-mask4k_cap (mask4k at head_dim 128 with logits_soft_cap 50: the mask + soft-cap module).
+mask4k_cap (mask4k at head_dim 128 with logits_soft_cap 50: the mask + soft-cap module), paged_cap
+(paged with logits_soft_cap 50: the paged causal soft-cap module).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default), ``mc`` / ``nomc``
 (the default with / without K/V multicast, whatever FI_FA3_MULTICAST says; under its default,
@@ -76,7 +77,8 @@ def specs_for(build: str, arch, names) -> list:
     bf16 = torch.bfloat16
     need = {"full": any(n.startswith("full") for n in names),
             "causal": any(n.startswith("single") and _head_dim(n) == D or n == "ragged" for n in names),
-            "paged": any(n.startswith("paged") for n in names)}
+            "paged": any(n.startswith("paged") and not n.endswith("_cap") for n in names),
+            "paged_cap": "paged_cap" in names}
     other_dims = sorted({_head_dim(n) for n in names if not n.startswith("mask")} - {D})
     mask_dims = sorted({_head_dim(n) for n in names if n.startswith("mask") and not n.endswith("_cap")})
     mask_cap = any(n.startswith("mask") and n.endswith("_cap") for n in names)
@@ -90,6 +92,7 @@ def specs_for(build: str, arch, names) -> list:
     return ([make(bf16, D, True, arch, multicast=mc) for mc in mcs] * need["causal"]
             + [make(bf16, D, False, arch, multicast=mc) for mc in mcs] * need["full"]
             + [make(bf16, D, True, arch, paged=True, multicast=mc) for mc in mcs] * need["paged"]
+            + [make(bf16, D, True, arch, paged=True, softcap=True)] * need["paged_cap"]
             + [make(bf16, d, True, arch) for d in other_dims]
             + [make(bf16, d, False, arch, custom_mask=True) for d in mask_dims]
             + [make(bf16, D, False, arch, custom_mask=True, softcap=True)] * mask_cap)
@@ -124,7 +127,7 @@ def cases(names, dev):
             def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal, d=d):
                 rr(q, k, v, None, None, o, None, causal=causal, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1)
             flops = 4.0 * L * L * HQ * d / (2 if causal else 1)
-        elif name in ("ragged", "paged", "paged_seq", "paged128", "paged128_ragged_layout"):
+        elif name in ("ragged", "paged", "paged_seq", "paged128", "paged128_ragged_layout", "paged_cap"):
             # paged: page 16, pages in random order; paged_seq: page 16 in order; paged128: page
             # 128 in random order (one box per tile half, as ragged); paged128_ragged_layout: page
             # 128 in order with K and V in two tensors: the bytes and addresses of the ragged case
@@ -151,10 +154,13 @@ def cases(names, dev):
                 kvp = torch.arange(batch + 1, **i32) * (L // page)
                 last = torch.full((batch,), page, **i32)
 
-                def fn(rr, rp, q=q, kc=kc, vc=vc, o=o, qo=qo, kvp=kvp, idx=idx, last=last, L=L, batch=batch, page=page):
+                cap = 50.0 if name.endswith("_cap") else None
+
+                def fn(rr, rp, q=q, kc=kc, vc=vc, o=o, qo=qo, kvp=kvp, idx=idx, last=last, L=L, batch=batch, page=page,
+                       cap=cap):
                     rp(q, kc, vc, qo, kvp, idx, last, o, None, k_strides=tuple(kc.stride()[:3]),
                        v_strides=tuple(vc.stride()[:3]), page_size=page, causal=True, sm_scale=D ** -0.5,
-                       max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
+                       logits_soft_cap=cap, max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
             flops = batch * 4.0 * L * L * HQ * D / 2
         elif name in ("mask4k", "mask4k_d64", "mask4k_d256", "mask4k_cap"):
             L, d = 4096, _head_dim(name)
