@@ -169,6 +169,46 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
   return p;
 }
 
+// The last item's combine of one (head, float4 column): the n partial states at lo, MU slots per
+// round with every slot's loads issued before any is used (one L2 round trip per round).
+template <int MU, int D, typename P>
+__device__ __forceinline__ void combine_slots(const P& p, int lo, int n, int h, int col, float& m, float& l,
+                                              float (&acc)[4]) {
+  const int64_t step = int64_t(p.hq) * (D / 4);  // float4s from one slot to the next
+  const float* lse_p = p.part_lse + int64_t(lo) * p.hq + h;
+  const float4* o_p = reinterpret_cast<const float4*>(p.part_o + (int64_t(lo) * p.hq + h) * D) + col;
+  for (int s0 = 0; s0 < n; s0 += MU) {
+    float w[MU];
+    float4 v[MU];
+#pragma unroll
+    for (int k = 0; k < MU; ++k) {  // all loads first: MU independent L2 round trips overlap
+      const int s = min(s0 + k, n - 1);
+      w[k] = __ldcg(lse_p + int64_t(s) * p.hq);
+      v[k] = __ldcg(o_p + s * step);
+    }
+#pragma unroll
+    for (int k = 0; k < MU; ++k) w[k] = s0 + k < n ? w[k] : fi::kNegInf;  // clamped repeats weigh 0
+    float mu = m;
+#pragma unroll
+    for (int k = 0; k < MU; ++k) mu = fmaxf(mu, w[k]);
+    if (mu == fi::kNegInf) continue;  // no slot attended anything yet
+    const float c = fi::exp2_approx(m - mu);  // 0 while m is -inf
+    l *= c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= c;
+#pragma unroll
+    for (int k = 0; k < MU; ++k) {
+      const float pk = fi::exp2_approx(w[k] - mu);
+      l += pk;
+      acc[0] = fmaf(pk, v[k].x, acc[0]);
+      acc[1] = fmaf(pk, v[k].y, acc[1]);
+      acc[2] = fmaf(pk, v[k].z, acc[2]);
+      acc[3] = fmaf(pk, v[k].w, acc[3]);
+    }
+    m = mu;
+  }
+}
+
 // Split-KV without a second kernel: the items of a split request each write their partial state
 // for heads qh0 .. qh0 + GH - 1 and then count themselves in merge_count[req * hq + qh0]; the one
 // that arrives last combines the request's partials into out and lse. The count is one atomic of
@@ -177,8 +217,14 @@ inline DecodeParams<QT, KVT> make_params(const DecodeArgs* a, bool softcap, int 
 // and this SM's L1 may hold a stale line of part_lse. That item also puts the counter back to 0:
 // no other item of this launch touches it again, and the next launch's items count only after
 // griddepcontrol.wait (this grid has completed). plan() allocates the counters zeroed.
+//
+// Slots per load round of the last item's combine: requests split more than 8 ways take 16 at once
+// (one L2 round trip for b1 x 32768's 16 partials instead of two), others 8 (no clamped repeats).
+// tools/ab_decode.py, H200, 16 against 8 for every request (decode_ab_session33_merge_mu.json):
+// b1 x 32768 x1.007, b1 x 16384 x1.017, b2 x 4096 x1.000, b16 x0.998, fp8 b128 (3 slots) x0.996.
+// FI_MERGE_MU=8 builds take 8 always (A/B).
 #ifndef FI_MERGE_MU
-#define FI_MERGE_MU 8  // A/B switch (tools/ab_decode.py MERGE_MU=N): slots loaded per round of the merge
+#define FI_MERGE_MU 16
 #endif
 template <typename QT, int D, int GH, int THREADS, typename P>
 __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
@@ -194,43 +240,13 @@ __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
   }
   if (!__syncthreads_or(last)) return;
   constexpr int Q = D / 4;  // float4 columns of a head
-  constexpr int MU = FI_MERGE_MU;  // slots whose loads are in flight at once
-  const int64_t step = int64_t(p.hq) * Q;  // float4s from one slot to the next
   for (int u = threadIdx.x; u < GH * Q; u += THREADS) {
     const int g = u / Q, col = u - g * Q, h = qh0 + g;
-    const float* lse_p = p.part_lse + int64_t(lo) * p.hq + h;
-    const float4* o_p = reinterpret_cast<const float4*>(p.part_o + (int64_t(lo) * p.hq + h) * D) + col;
     float m = fi::kNegInf, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = 0; s0 < n; s0 += MU) {
-      float w[MU];
-      float4 v[MU];
-#pragma unroll
-      for (int k = 0; k < MU; ++k) {  // all loads first: MU independent L2 round trips overlap
-        const int s = min(s0 + k, n - 1);
-        w[k] = __ldcg(lse_p + int64_t(s) * p.hq);
-        v[k] = __ldcg(o_p + s * step);
-      }
-#pragma unroll
-      for (int k = 0; k < MU; ++k) w[k] = s0 + k < n ? w[k] : fi::kNegInf;  // clamped repeats weigh 0
-      float mu = m;
-#pragma unroll
-      for (int k = 0; k < MU; ++k) mu = fmaxf(mu, w[k]);
-      if (mu == fi::kNegInf) continue;  // no slot attended anything yet
-      const float c = fi::exp2_approx(m - mu);  // 0 while m is -inf
-      l *= c;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= c;
-#pragma unroll
-      for (int k = 0; k < MU; ++k) {
-        const float pk = fi::exp2_approx(w[k] - mu);
-        l += pk;
-        acc[0] = fmaf(pk, v[k].x, acc[0]);
-        acc[1] = fmaf(pk, v[k].y, acc[1]);
-        acc[2] = fmaf(pk, v[k].z, acc[2]);
-        acc[3] = fmaf(pk, v[k].w, acc[3]);
-      }
-      m = mu;
-    }
+    if (FI_MERGE_MU > 8 && n > 8)  // uniform across the CTA
+      combine_slots<(FI_MERGE_MU > 8 ? FI_MERGE_MU : 8), D>(p, lo, n, h, col, m, l, acc);
+    else
+      combine_slots<8, D>(p, lo, n, h, col, m, l, acc);
     QT* dst = p.out + req * p.o_sb + h * p.o_sh + 4 * col;
 #pragma unroll
     for (int e = 0; e < 4; ++e) dst[e] = fi::from_float<QT>(l > 0.f ? acc[e] / l : 0.f);
