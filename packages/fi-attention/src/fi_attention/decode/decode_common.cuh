@@ -220,9 +220,11 @@ __device__ __forceinline__ void combine_slots(const P& p, int lo, int n, int h, 
 //
 // Slots per load round of the last item's combine: requests split more than 8 ways take 16 at once
 // (one L2 round trip for b1 x 32768's 16 partials instead of two), others 8 (no clamped repeats).
-// tools/ab_decode.py, H200, 16 against 8 for every request (decode_ab_session33_merge_mu.json):
-// b1 x 32768 x1.007, b1 x 16384 x1.017, b2 x 4096 x1.000, b16 x0.998, fp8 b128 (3 slots) x0.996.
-// FI_MERGE_MU=8 builds take 8 always (A/B).
+// A small gain, near the noise: tools/ab_decode.py in turns, H200, 16 against 8 for every request
+// (decode_ab_session33_merge_mu.json): b1 x 32768 x1.007, b1 x 16384 x1.017, b2 x 4096 x1.000, b16
+// x0.998, fp8 b128 (3 slots) x0.996; this form against 8 always, H100 (results/h100/
+// decode_ab_session33_merge_mu_hybrid.json): b1 x1.009, b1 x 16384 x1.005, 8-slot requests (same
+// code in both builds) x0.990-1.000. FI_MERGE_MU=8 builds take 8 always (A/B).
 #ifndef FI_MERGE_MU
 #define FI_MERGE_MU 16
 #endif
