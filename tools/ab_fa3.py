@@ -40,6 +40,7 @@ import torch
 from ab_common import arg_parser, build_only, capture_checked, measure
 
 HQ, HKV, D = 32, 8, 128
+SOFTCAP = 50.0  # logits_soft_cap of the *_cap cases
 NOTE = ("fixed inputs, CUDA graphs of 5 launches, builds timed in turns; paired_speedup = median over "
         "rounds of t(first build) / t(build)")
 
@@ -154,7 +155,7 @@ def cases(names, dev):
                 kvp = torch.arange(batch + 1, **i32) * (L // page)
                 last = torch.full((batch,), page, **i32)
 
-                cap = 50.0 if name.endswith("_cap") else None
+                cap = SOFTCAP if name.endswith("_cap") else None
 
                 def fn(rr, rp, q=q, kc=kc, vc=vc, o=o, qo=qo, kvp=kvp, idx=idx, last=last, L=L, batch=batch, page=page,
                        cap=cap):
@@ -164,7 +165,7 @@ def cases(names, dev):
             flops = batch * 4.0 * L * L * HQ * D / 2
         elif name in ("mask4k", "mask4k_d64", "mask4k_d256", "mask4k_cap"):
             L, d = 4096, _head_dim(name)
-            cap = 50.0 if name.endswith("_cap") else None
+            cap = SOFTCAP if name.endswith("_cap") else None
             q = testing.randn((L, HQ, d), bf16, dev, seed=1)
             k = testing.randn((L, HKV, d), bf16, dev, seed=2)
             v = testing.randn((L, HKV, d), bf16, dev, seed=3)

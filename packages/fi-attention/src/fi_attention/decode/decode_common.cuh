@@ -228,6 +228,7 @@ __device__ __forceinline__ void combine_slots(const P& p, int lo, int n, int h, 
 #ifndef FI_MERGE_MU
 #define FI_MERGE_MU 16
 #endif
+constexpr int kWideRound = FI_MERGE_MU > 8 ? FI_MERGE_MU : 8;
 template <typename QT, int D, int GH, int THREADS, typename P>
 __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
   const int lo = p.merge_indptr[req], n = p.merge_indptr[req + 1] - lo;  // in flight across the barrier
@@ -245,8 +246,8 @@ __device__ __forceinline__ void merge_in_grid(const P& p, int req, int qh0) {
   for (int u = threadIdx.x; u < GH * Q; u += THREADS) {
     const int g = u / Q, col = u - g * Q, h = qh0 + g;
     float m = fi::kNegInf, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (FI_MERGE_MU > 8 && n > 8)  // uniform across the CTA
-      combine_slots<(FI_MERGE_MU > 8 ? FI_MERGE_MU : 8), D>(p, lo, n, h, col, m, l, acc);
+    if (n > 8)  // uniform across the CTA
+      combine_slots<kWideRound, D>(p, lo, n, h, col, m, l, acc);
     else
       combine_slots<8, D>(p, lo, n, h, col, m, l, acc);
     QT* dst = p.out + req * p.o_sb + h * p.o_sh + 4 * col;
