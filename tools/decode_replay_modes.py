@@ -12,6 +12,15 @@ way, fi_core.bench.time_fn on the same wrapper and the AB graph replayed alone (
 
 Prints median / min / max / p10 / p90 per graph and the share of replays under ``--split`` us, and
 the sequence of fast (f) / slow (s) replays.
+
+``--phases`` asks instead what puts the bench's b1 row into its slow mode after the large rows:
+time_fn (the bench's timer) three times on inputs made at the start ("fresh"); then the b128 x 8192
+row's work (its inputs made, a CUDA-graph wrapper replayed for ``--heavy-seconds``, freed,
+torch.cuda.empty_cache() as the bench does between rows) and time_fn at once on the same b1 inputs
+("after_heavy": the memory placement of the b1 inputs is unchanged, the GPU's clocks and power
+state are not); after ``--rest`` seconds idle ("after_rest"); and on b1 inputs made anew after the
+heavy phase ("new_inputs": the placement a bench row gets after the large rows). nvidia-smi samples
+the SM clock and power every 100 ms throughout, with the phase start times beside them.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--split", type=float, default=38.5, help="us per call between the fast and slow modes")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--phases", action="store_true", help="fresh / after_heavy / after_rest / new_inputs")
+    ap.add_argument("--heavy-seconds", type=float, default=4.0)
+    ap.add_argument("--rest", type=float, default=3.0)
     args = ap.parse_args()
     import torch  # noqa: PLC0415
     from fi_core.bench import rotating_inputs, time_fn  # noqa: PLC0415
@@ -61,6 +73,8 @@ def main() -> int:
     for s in sets:
         w.run(*s, out=out)
     torch.cuda.synchronize()
+    if args.phases:
+        return phases(args, torch, w, out, sets, make, time_fn, rotating_inputs)
     graphs = {}
     stream = torch.cuda.Stream()
     for name, order in (("AB", [i % len(sets) for i in range(K)]), ("A", [0] * K), ("B", [1 % len(sets)] * K)):
@@ -122,6 +136,67 @@ def main() -> int:
                "gpu": torch.cuda.get_device_name()}
         with open(args.json, "w") as f:
             json.dump(dict(environment=env, summary=summary, solo=solo, seq=seq, smi=samples), f, indent=1)
+    return 0
+
+
+def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
+    from fi_attention.bench_decode import PAGE, D, uniform_tables  # noqa: PLC0415
+    from fi_attention.decode import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+
+    dev = "cuda"
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
+                            "clocks_event_reasons.active", "--format=csv,noheader", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    marks, res = [], {}
+
+    def timed(name, inputs):
+        marks.append((name, time.strftime("%H:%M:%S", time.localtime()) + f"{time.time() % 1:.3f}"[1:]))
+        res[name] = []
+        for _ in range(3):
+            t = time_fn(lambda q, c: w.run(q, c, out=out), inputs)
+            res[name].append([round(t.median_us, 2), round(t.min_us, 2), round(t.max_us, 2)])
+        print(name, "time_fn (median, min, max) x3:", res[name], flush=True)
+
+    timed("fresh", sets)
+    # the b128 x 8192 row's work, as the bench runs it before b1
+    marks.append(("heavy", time.strftime("%H:%M:%S", time.localtime())))
+    bi, bx, bl, bn = uniform_tables(128, 8192)
+
+    def make_big(i):
+        g = torch.Generator(device=dev).manual_seed(300 + i)
+        cache = torch.randn(bn, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+        return torch.randn(128, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
+
+    big = rotating_inputs(make_big, dev)
+    wb = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
+                                                     bi.to(dev), bx.to(dev), bl.to(dev))
+    wb.plan(bi, bx, bl, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    ob = torch.empty(128, HQ, D, dtype=torch.bfloat16, device=dev)
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.graph(g, stream=stream):
+        for i in range(4):
+            wb.run(*big[i % len(big)], out=ob)
+    t0 = time.time()
+    while time.time() - t0 < args.heavy_seconds:
+        g.replay()
+        torch.cuda.synchronize()
+    del g, big, wb, ob
+    torch.cuda.empty_cache()
+    timed("after_heavy", sets)
+    time.sleep(args.rest)
+    timed("after_rest", sets)
+    new = rotating_inputs(make, dev)
+    timed("new_inputs", new)
+    smi.terminate()
+    samples = smi.stdout.read().strip().splitlines()
+    if args.json:
+        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+               "command": "python3 tools/decode_replay_modes.py " + " ".join(sys.argv[1:]),
+               "gpu": torch.cuda.get_device_name()}
+        with open(args.json, "w") as f:
+            json.dump(dict(environment=env, phases=res, marks=marks, smi=samples), f, indent=1)
     return 0
 
 

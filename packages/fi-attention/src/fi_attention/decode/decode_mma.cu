@@ -67,7 +67,12 @@ using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
 #endif
 constexpr int VARIANT = FI_MMA_VARIANT;
 static_assert(VARIANT == 0 || VARIANT == 3, "FI_MMA_VARIANT is 0 or 3");
-constexpr int NW = 4;
+// Warps per CTA. FI_MMA_NW (A/B builds only, tools/ab_decode.py MMA_NW=N with MMA_CTAS to match the
+// register budget) changes it; 4 in every shipped module.
+#ifndef FI_MMA_NW
+#define FI_MMA_NW 4
+#endif
+constexpr int NW = FI_MMA_NW;
 constexpr int KD = D / 4;       // K elements per lane per token
 constexpr int VD = D / 8;       // V elements per lane per token (= PV n-tiles)
 constexpr int KSTEPS = D / 16;
