@@ -67,8 +67,11 @@ using MT = std::conditional_t<KV8, __half, KVT>;  // MMA operand type
 #endif
 constexpr int VARIANT = FI_MMA_VARIANT;
 static_assert(VARIANT == 0 || VARIANT == 3, "FI_MMA_VARIANT is 0 or 3");
-// Warps per CTA. FI_MMA_NW (A/B builds only, tools/ab_decode.py MMA_NW=N with MMA_CTAS to match the
-// register budget) changes it; 4 in every shipped module.
+// Warps per CTA: 4 in every shipped module. FI_MMA_NW builds (A/B only: tools/ab_decode.py
+// MMA_NW=8,MMA_CTAS=1, one CTA of 8 warps per SM at the same 252 registers) were slower where the
+// plan has one CTA per SM, so twice the copies in flight per SM do not shorten those grids (H100,
+// results/h100/decode_ab_session34_nw8.json: b1 x 32768 x0.920, b1 x 8192 x0.806, b2 x 4096 x0.794;
+// b16 x0.997, b64 x1.004; with 3 ring slots per warp x0.73-0.995).
 #ifndef FI_MMA_NW
 #define FI_MMA_NW 4
 #endif
