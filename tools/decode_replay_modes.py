@@ -150,8 +150,12 @@ def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
     time.sleep(0.5)
     marks, res = [], {}
 
+    def mark(name):  # local wall-clock time to the millisecond, as nvidia-smi's timestamps
+        t = time.time()
+        marks.append((name, time.strftime("%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:]))
+
     def timed(name, inputs):
-        marks.append((name, time.strftime("%H:%M:%S", time.localtime()) + f"{time.time() % 1:.3f}"[1:]))
+        mark(name)
         res[name] = []
         for _ in range(3):
             t = time_fn(lambda q, c: w.run(q, c, out=out), inputs)
@@ -160,7 +164,7 @@ def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
 
     timed("fresh", sets)
     # the b128 x 8192 row's work, as the bench runs it before b1
-    marks.append(("heavy", time.strftime("%H:%M:%S", time.localtime())))
+    mark("heavy")
     bi, bx, bl, bn = uniform_tables(128, 8192)
 
     def make_big(i):
