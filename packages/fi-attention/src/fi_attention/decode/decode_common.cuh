@@ -635,10 +635,11 @@ FI_EXPORT int fi_copy_tables(void* d0, const void* s0, int64_t n0, void* d1, con
 // anything is queued; run() turns the code into an InputError.
 // FI_DECODE_CARVEOUT (A/B): the tensor-core decode kernel (dynamic shared memory) asks for the
 // largest shared-memory carveout, so the CTAs per SM the planner counts on (batch_decode_occupancy)
-// do not depend on the carveout the driver picks after other kernels: the bench's b1 row ran 40.4 us
-// after the large rows, 37.0-37.5 without them, and 37.47 [SDPA 37.40] in the full routine with
-// this (session 23). Not for the CUDA-core kernel (no dynamic shared memory): MHA b64 ran 1059 us
-// with it against 933 (why not analysed). Once per kernel and device (fi::set_attribute_once).
+// do not depend on the carveout the driver picks after other kernels. Adopted on a bench run where
+// b1 read 37.47 us in the full routine against 40.4 before (session 23); session 34's phase probe
+// puts the 40.4-us readings on the power cap's lowered SM clock right after the large rows, so that
+// gain may have been timing. Not for the CUDA-core kernel (no dynamic shared memory): MHA b64 ran
+// 1059 us with it against 933 (why not analysed). Once per kernel and device (fi::set_attribute_once).
 #ifndef FI_DECODE_CARVEOUT
 #define FI_DECODE_CARVEOUT 1
 #endif
