@@ -35,6 +35,11 @@ BATCH_CONFIGS = [
 ]
 QUICK = {"GQA 32/8 b64 kv4096", "GQA 32/8 b1 kv32768", "fp8e4m3 GQA 32/8 b128 kv8192"}
 PAGE, D = 16, 128
+# Idle seconds before each timing (ours, the other kernel, SDPA alike): the rows before b1 hold the
+# H200 at its 700 W cap, and a b1 step timed right after ran 42.2 us at the capped SM clock against
+# 37.5 a fraction of a second later (tools/decode_replay_modes.py --phases, session 34); sessions
+# 25-31 read the row at 40.3-40.5 that way while SDPA, timed after our light b1 work, did not pay it.
+SETTLE_S = 1.0
 
 
 def uniform_tables(batch, kv_len, page=PAGE, interleaved=True):
@@ -159,7 +164,7 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     q0, c0 = sets[0]
     w.run(q0, c0, out=out, **scales)
     _check(out, q0, c0, indptr, indices, last, sorted({0, batch // 2, batch - 1}), **scales)
-    ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets)
+    ours = time_fn(lambda q, c: w.run(q, c, out=out, **scales), sets, settle_s=SETTLE_S)
     # the other kernel, for the record (the default picks one; see decode/spec.py)
     other_kernel = "cuda-core" if "mma" in w._kernel_name else "tensor-core"
     w2 = BatchDecodeWithPagedKVCacheWrapper(
@@ -170,7 +175,7 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
     out2 = torch.empty_like(out)
     w2.run(q0, c0, out=out2, **scales)
     _check(out2, q0, c0, indptr, indices, last, [0, batch - 1], **scales)
-    other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets)
+    other = time_fn(lambda q, c: w2.run(q, c, out=out2, **scales), sets, settle_s=SETTLE_S)
     del sets
     # plan() of four page tables: the row's; the same with the page ids on the device, as serving
     # engines keep them next to host indptr and last page lengths (plan() then copies no page ids:
@@ -190,7 +195,8 @@ def _batch_row(dev, host, label, batch, kv_len, hq, hkv, kv_dtype, target) -> Be
             return torch.randn(batch, hq, 1, D, device=dev, generator=g).to(torch.bfloat16), k, v
 
         dense = rotating_inputs(make_dense, dev)
-        sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), dense)
+        sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), dense,
+                       settle_s=SETTLE_S)
         baseline = ("torch SDPA (contiguous KV)", sdpa)
         del dense
     kv_bytes = batch * kv_len * hkv * D * 2 * torch.empty(0, dtype=kv_dtype).element_size()
@@ -221,10 +227,11 @@ def single_decode_routine(args: RoutineArgs):
         q, k, v = sets[0]
         testing.assert_close(single_decode_with_kv_cache(q, k, v), attention_reference(q[None], k, v)[0],
                              dtype=torch.bfloat16)
-        ours = time_fn(lambda q, k, v: single_decode_with_kv_cache(q, k, v), sets)
+        ours = time_fn(lambda q, k, v: single_decode_with_kv_cache(q, k, v), sets, settle_s=SETTLE_S)
         dense = [(q[None, :, None], k.permute(1, 0, 2)[None].contiguous(), v.permute(1, 0, 2)[None].contiguous())
                  for q, k, v in sets]
-        sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), dense)
+        sdpa = time_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), dense,
+                       settle_s=SETTLE_S)
         host_us = time_host(lambda q=q, k=k, v=v: single_decode_with_kv_cache(q, k, v), iters=300, warmup=30)
         yield BenchRow("single_decode_with_kv_cache", f"{label} kv{kv_len}", ours,
                        bytes=kv_len * hkv * D * 2 * 2, baseline=("torch SDPA", sdpa), target_us=target,

@@ -28,6 +28,7 @@ import platform
 import re
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -217,13 +218,21 @@ def rotating_inputs(make: Callable[[int], Any], device=None, min_sets: int = 2,
 
 
 def time_fn(fn: Callable, inputs: Sequence[Any], *, use_graph: bool = True, reps: int = 30,
-            warmup: int = 3, min_calls_per_replay: int = 20) -> Timing:
+            warmup: int = 3, min_calls_per_replay: int = 20, settle_s: float = 0.0) -> Timing:
     """Time fn(*inputs[i]) per call. Calls cycle through `inputs`; a CUDA graph of K calls is
     captured and replayed `reps` times, each replay timed with events; K >= min_calls_per_replay.
-    Falls back to an event-timed eager loop when fn cannot be captured."""
+    Falls back to an event-timed eager loop when fn cannot be captured.
+
+    ``settle_s``: seconds of idle GPU before the first call, so the measurement does not start
+    inside the power-capped state that heavy work timed just before it leaves behind (H200: the
+    SM clock stays at 1590-1620 MHz for a fraction of a second after the board's 700 W cap, and a
+    latency-bound decode step runs 12 % slower there; benchmarks/notes.md, session 34)."""
     sets = [s if isinstance(s, (tuple, list)) else (s,) for s in inputs]
     k = max(min_calls_per_replay, len(sets))
     k = -(-k // len(sets)) * len(sets)
+    if settle_s > 0:
+        torch.cuda.synchronize()
+        time.sleep(settle_s)
     for _ in range(warmup):
         for s in sets:
             fn(*s)
