@@ -40,6 +40,41 @@ HQ, HKV = 32, 8
 K = 20  # calls per graph, as fi_core.bench.time_fn's minimum
 
 
+def decode_setup(torch, batch: int, kv: int, seed: int):
+    """The bench routine's row for (batch, kv): a planned CUDA-graph wrapper, its output buffer, and
+    make(i) -> (q, paged cache) of input set i (seeds seed + i)."""
+    from fi_attention.bench_decode import PAGE, D, uniform_tables  # noqa: PLC0415
+    from fi_attention.decode import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+
+    dev = "cuda"
+    indptr, indices, last, n_pages = uniform_tables(batch, kv)
+
+    def make(i):
+        g = torch.Generator(device=dev).manual_seed(seed + i)
+        cache = torch.randn(n_pages, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+        return torch.randn(batch, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
+
+    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
+                                                    indptr.to(dev), indices.to(dev), last.to(dev))
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    return w, torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=dev), make
+
+
+def start_smi():
+    """nvidia-smi sampling timestamp, SM and memory clocks, power and clock-event reasons every 100 ms."""
+    return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
+                             "clocks_event_reasons.active", "--format=csv,noheader", "-lms", "100"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def write_json(path, torch, **fields) -> None:
+    env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+           "command": "python3 tools/decode_replay_modes.py " + " ".join(sys.argv[1:]),
+           "gpu": torch.cuda.get_device_name()}
+    with open(path, "w") as f:
+        json.dump(dict(environment=env, **fields), f, indent=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
@@ -53,28 +88,15 @@ def main() -> int:
     args = ap.parse_args()
     import torch  # noqa: PLC0415
     from fi_core.bench import rotating_inputs, time_fn  # noqa: PLC0415
-    from fi_attention.bench_decode import PAGE, D, uniform_tables  # noqa: PLC0415
-    from fi_attention.decode import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
 
-    dev = "cuda"
-    indptr, indices, last, n_pages = uniform_tables(args.batch, args.kv)
-
-    def make(i):
-        g = torch.Generator(device=dev).manual_seed(100 + i)
-        cache = torch.randn(n_pages, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
-        return torch.randn(args.batch, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
-
-    sets = rotating_inputs(make, dev)
+    w, out, make = decode_setup(torch, args.batch, args.kv, 100)
+    sets = rotating_inputs(make, "cuda")
     print("sets", len(sets), [s[1].data_ptr() for s in sets], file=sys.stderr)
-    w = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
-                                                    indptr.to(dev), indices.to(dev), last.to(dev))
-    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    out = torch.empty(args.batch, HQ, D, dtype=torch.bfloat16, device=dev)
     for s in sets:
         w.run(*s, out=out)
     torch.cuda.synchronize()
     if args.phases:
-        return phases(args, torch, w, out, sets, make, time_fn, rotating_inputs)
+        return phases(args, torch, w, out, sets, make)
     graphs = {}
     stream = torch.cuda.Stream()
     for name, order in (("AB", [i % len(sets) for i in range(K)]), ("A", [0] * K), ("B", [1 % len(sets)] * K)):
@@ -85,9 +107,7 @@ def main() -> int:
         g.replay()
         graphs[name] = g
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
-                            "clocks_event_reasons.active", "--format=csv,noheader", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = start_smi()
     time.sleep(0.3)
     res = {k: [] for k in graphs}
     seq = []
@@ -131,22 +151,14 @@ def main() -> int:
     modes = "".join("f" if us < args.split else "s" for _, _, us in seq)
     print(f"mode sequence (f < {args.split} us < s), first 300:", modes[:300])
     if args.json:
-        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-               "command": "python3 tools/decode_replay_modes.py " + " ".join(sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name()}
-        with open(args.json, "w") as f:
-            json.dump(dict(environment=env, summary=summary, solo=solo, seq=seq, smi=samples), f, indent=1)
+        write_json(args.json, torch, summary=summary, solo=solo, seq=seq, smi=samples)
     return 0
 
 
-def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
-    from fi_attention.bench_decode import PAGE, D, uniform_tables  # noqa: PLC0415
-    from fi_attention.decode import CUDAGraphBatchDecodeWithPagedKVCacheWrapper  # noqa: PLC0415
+def phases(args, torch, w, out, sets, make) -> int:
+    from fi_core.bench import rotating_inputs, time_fn  # noqa: PLC0415
 
-    dev = "cuda"
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,"
-                            "clocks_event_reasons.active", "--format=csv,noheader", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = start_smi()
     time.sleep(0.5)
     marks, res = [], {}
 
@@ -165,18 +177,8 @@ def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
     timed("fresh", sets)
     # the b128 x 8192 row's work, as the bench runs it before b1
     mark("heavy")
-    bi, bx, bl, bn = uniform_tables(128, 8192)
-
-    def make_big(i):
-        g = torch.Generator(device=dev).manual_seed(300 + i)
-        cache = torch.randn(bn, 2, PAGE, HKV, D, device=dev, generator=g).to(torch.bfloat16)
-        return torch.randn(128, HQ, D, device=dev, generator=g).to(torch.bfloat16), cache
-
-    big = rotating_inputs(make_big, dev)
-    wb = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
-                                                     bi.to(dev), bx.to(dev), bl.to(dev))
-    wb.plan(bi, bx, bl, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    ob = torch.empty(128, HQ, D, dtype=torch.bfloat16, device=dev)
+    wb, ob, make_big = decode_setup(torch, 128, 8192, 300)
+    big = rotating_inputs(make_big, "cuda")
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.graph(g, stream=stream):
@@ -191,16 +193,11 @@ def phases(args, torch, w, out, sets, make, time_fn, rotating_inputs) -> int:
     timed("after_heavy", sets)
     time.sleep(args.rest)
     timed("after_rest", sets)
-    new = rotating_inputs(make, dev)
-    timed("new_inputs", new)
+    timed("new_inputs", rotating_inputs(make, "cuda"))
     smi.terminate()
     samples = smi.stdout.read().strip().splitlines()
     if args.json:
-        env = {"date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-               "command": "python3 tools/decode_replay_modes.py " + " ".join(sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name()}
-        with open(args.json, "w") as f:
-            json.dump(dict(environment=env, phases=res, marks=marks, smi=samples), f, indent=1)
+        write_json(args.json, torch, phases=res, marks=marks, smi=samples)
     return 0
 
 
