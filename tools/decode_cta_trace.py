@@ -11,7 +11,16 @@ scheduler packed a 128-CTA grid two to an SM on some SMs while others idled (see
 launch_batch_decode in decode_common.cuh); session 18 the same in CUDA-graph replays (see
 decode_work's spread mode).
 
-    python3 tools/decode_cta_trace.py [--cases b1,b16,...] [--graph]
+    python3 tools/decode_cta_trace.py [--cases b1,b16,...] [--graph] [--repeat N] [--gpc SO]
+
+--gpc takes tools/gpc_probe's shared library (build line in tools/gpc_probe/gpc_probe.cu's README
+section below) and maps every SM to its GPC; each case's row then relates a working CTA's KV-loop
+time to how many working CTAs share its GPC (session 35: is the per-SM rate spread of one-wave grids
+the GPC's population?). --repeat records that many launches per case (fresh inputs each time) and
+reports whether the same SMs are slow every time.
+
+    nvcc -O2 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
+        -o gpc_probe.so tools/gpc_probe/gpc_probe.cu
 """
 
 from __future__ import annotations
@@ -76,31 +85,139 @@ def trace_case(batch: int, kv_len: int, graph: bool = False) -> tuple[dict, np.n
     def spread(x):
         return [round(float(x.min()), 2), round(float(np.median(x)), 2), round(float(x.max()), 2)]
 
-    row = {"ctas": int(real.sum()), "grid": int(grid), "chunk": int(w._plan.chunk),
-           "span_us": round(float(t[:, 3].max()), 2),
-           "prologue_us_min_p50_max": spread(r[:, 1] - r[:, 0]), "main_us_min_p50_max": spread(main),
-           "epilogue_us_min_p50_max": spread(r[:, 3] - r[:, 2]), "end_us_min_p50_max": spread(r[:, 3]),
-           "sms_with_0_1_2_ctas": [int(x) for x in np.bincount(per_sm, minlength=3)[:3]]}
+    row = {
+        "ctas": int(real.sum()),
+        "grid": int(grid),
+        "chunk": int(w._plan.chunk),
+        "span_us": round(float(t[:, 3].max()), 2),
+        "prologue_us_min_p50_max": spread(r[:, 1] - r[:, 0]),
+        "main_us_min_p50_max": spread(main),
+        "epilogue_us_min_p50_max": spread(r[:, 3] - r[:, 2]),
+        "end_us_min_p50_max": spread(r[:, 3]),
+        "sms_with_0_1_2_ctas": [int(x) for x in np.bincount(per_sm, minlength=3)[:3]],
+    }
     if graph:
         row["idle_exit_us_min_p50_max"] = spread(t[~real, 3]) if (~real).any() else None
     return row, buf
+
+
+def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
+    """GPC index per SM (-1: never seen) from cluster launches (tools/gpc_probe/gpc_probe.cu)."""
+    lib = ctypes.CDLL(so_path)
+    lib.gpc_probe_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
+    parent = list(range(nsm))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    info = {"max_active_clusters": {}}
+    for size in (16, 8, 4, 2):
+        info["max_active_clusters"][size] = int(lib.gpc_probe_max_clusters(size))
+    stream = torch.cuda.current_stream().cuda_stream
+    for size in (16, 8, 4, 2):
+        n_active = info["max_active_clusters"][size]
+        if n_active <= 0:
+            continue
+        clusters = 4 * n_active  # several waves: each wave places the clusters on other SM sets
+        for launch in range(6):
+            rec = torch.full((clusters * size * 2,), -1, dtype=torch.int32, device="cuda")
+            err = lib.gpc_probe_launch(
+                ctypes.c_void_p(rec.data_ptr()), clusters, size, 20_000 + 3_000 * launch, ctypes.c_void_p(stream)
+            )
+            if err != 0:
+                raise RuntimeError(f"gpc_probe_launch(size={size}) failed: cudaError {err}")
+            torch.cuda.synchronize()
+            r = rec.view(-1, 2).cpu().numpy()
+            for c in range(clusters):
+                sms = r[c * size : (c + 1) * size, 0]
+                for sm in sms[1:]:
+                    parent[find(int(sm))] = find(int(sms[0]))
+    roots = sorted({find(i) for i in range(nsm)})
+    gpc = np.array([roots.index(find(i)) for i in range(nsm)])
+    info["gpc_sizes"] = sorted(int(x) for x in np.bincount(gpc))
+    return gpc, info
+
+
+def gpc_relation(buf: np.ndarray, gpc: np.ndarray) -> dict:
+    """KV-loop time of the working CTAs against their GPC's count of working CTAs."""
+    real = buf[:, 1] >= buf[:, 0]
+    t = buf[real, :4].astype(np.float64) / 1000.0
+    main = t[:, 2] - t[:, 1]
+    sm = buf[real, 4].astype(int)
+    g = gpc[sm]
+    busy = np.bincount(g, minlength=gpc.max() + 1)  # working CTAs per GPC in this launch
+    rows = []
+    for k in range(gpc.max() + 1):
+        sel = g == k
+        if sel.any():
+            rows.append(
+                {
+                    "gpc": k,
+                    "sms": int((gpc == k).sum()),
+                    "working_ctas": int(busy[k]),
+                    "main_us_mean": round(float(main[sel].mean()), 2),
+                    "main_us_max": round(float(main[sel].max()), 2),
+                }
+            )
+    x = busy[g].astype(np.float64)
+    corr = float(np.corrcoef(x, main)[0, 1]) if x.std() > 0 else None
+    return {"per_gpc": rows, "corr_main_vs_gpc_working_ctas": None if corr is None else round(corr, 3)}
+
+
+def per_sm_main(buf: np.ndarray, nsm: int) -> np.ndarray:
+    """Mean KV-loop time per SM of one launch (NaN where no working CTA ran)."""
+    real = buf[:, 1] >= buf[:, 0]
+    main = (buf[real, 2].astype(np.float64) - buf[real, 1].astype(np.float64)) / 1000.0
+    sm = buf[real, 4].astype(int)
+    tot = np.bincount(sm, weights=main, minlength=nsm)
+    cnt = np.bincount(sm, minlength=nsm)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--graph", action="store_true", help="CUDA-graph wrappers, replays of a captured graph")
+    ap.add_argument("--repeat", type=int, default=1, help="launches recorded per case (fresh inputs each)")
+    ap.add_argument("--gpc", default=None, help="tools/gpc_probe shared library: relate CTA times to GPCs")
     args = ap.parse_args()
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    gpc = None
+    rows = {}
+    if args.gpc:
+        gpc, info = gpc_map(args.gpc, nsm)
+        rows["gpc_map"] = {**info, "gpc_of_sm": [int(x) for x in gpc]}
+        print("gpc", json.dumps(info), flush=True)
     from fi_attention.decode import spec  # noqa: PLC0415
 
     spec.MMA_AB = {"FI_DECODE_TRACE": SLOTS}
     spec.decode_mma_spec.cache_clear()
     out_dir = os.environ.get("OUT", "/tmp")
-    rows = {}
     for name in args.cases.split(","):
-        rows[name], buf = trace_case(*CASES[name], graph=args.graph)
-        print(name, json.dumps(rows[name]), flush=True)
-        np.save(os.path.join(out_dir, f"trace_{name}.npy"), buf)
+        per_sm = []
+        for rep in range(args.repeat):
+            key = name if rep == 0 else f"{name}#{rep}"
+            rows[key], buf = trace_case(*CASES[name], graph=args.graph)
+            if gpc is not None:
+                rows[key]["gpc"] = gpc_relation(buf, gpc)
+            per_sm.append(per_sm_main(buf, nsm))
+            print(key, json.dumps(rows[key]), flush=True)
+            np.save(os.path.join(out_dir, f"trace_{name}_{rep}.npy"), buf)
+        if args.repeat > 1:
+            # the same SMs slow every time? correlation of per-SM KV-loop times between launches
+            m = np.array(per_sm)
+            pairs = []
+            for i in range(len(m)):
+                for j in range(i + 1, len(m)):
+                    ok = ~np.isnan(m[i]) & ~np.isnan(m[j])
+                    if ok.sum() > 2:
+                        pairs.append(float(np.corrcoef(m[i][ok], m[j][ok])[0, 1]))
+            rows[f"{name}_per_sm_corr_between_launches"] = [round(p, 3) for p in pairs]
+            print(name, "per-SM corr between launches", rows[f"{name}_per_sm_corr_between_launches"], flush=True)
     with open(os.path.join(out_dir, "trace_decode.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0

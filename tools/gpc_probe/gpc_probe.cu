@@ -1,0 +1,65 @@
+// SM -> GPC map of the current GPU, for diagnostics (tools/decode_cta_trace.py --gpc).
+//
+// CUDA does not name the GPC an SM belongs to, but a thread-block cluster is always placed inside
+// one GPC. So launches of many clusters, each CTA recording its %smid and its cluster's index,
+// tell which SMs share a GPC: two SMs seen in one cluster share it. The CTAs hold their SM for a
+// while (spin on %globaltimer) so a launch's clusters are resident together and land on many
+// different SM sets; the caller joins the sets (union-find) over a few launches.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void gpc_probe_kernel(int* rec, long long spin_ns) {
+  unsigned smid, cid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+  if (threadIdx.x == 0) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while ((long long)(t - t0) < spin_ns);
+    rec[2 * blockIdx.x] = int(smid);
+    rec[2 * blockIdx.x + 1] = int(cid);
+  }
+}
+
+static cudaLaunchConfig_t config(int clusters, int size, cudaLaunchAttribute* attr, cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(clusters * size);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = size;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// How many clusters of `size` CTAs (one CTA per SM: the kernel asks for most of an SM's shared
+// memory) can be resident at once; <= 0 on error (the negated cudaError_t).
+extern "C" int gpc_probe_max_clusters(int size) {
+  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return -int(cudaGetLastError());
+  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
+    return -int(cudaGetLastError());
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = config(1, size, attr, 0);
+  cfg.dynamicSmemBytes = 200 * 1024;
+  int n = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, gpc_probe_kernel, &cfg);
+  return err == cudaSuccess ? n : -int(err);
+}
+
+// One launch of `clusters` clusters of `size` CTAs; rec holds 2 ints per CTA (smid, cluster index).
+extern "C" int gpc_probe_launch(int* rec, int clusters, int size, long long spin_ns, cudaStream_t s) {
+  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return int(cudaGetLastError());
+  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
+    return int(cudaGetLastError());
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = config(clusters, size, attr, s);
+  cfg.dynamicSmemBytes = 200 * 1024;
+  return int(cudaLaunchKernelEx(&cfg, gpc_probe_kernel, rec, spin_ns));
+}
