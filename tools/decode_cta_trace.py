@@ -13,11 +13,11 @@ decode_work's spread mode).
 
     python3 tools/decode_cta_trace.py [--cases b1,b16,...] [--graph] [--repeat N] [--gpc SO]
 
---gpc takes tools/gpc_probe's shared library (build line in tools/gpc_probe/gpc_probe.cu's README
-section below) and maps every SM to its GPC; each case's row then relates a working CTA's KV-loop
-time to how many working CTAs share its GPC (session 35: is the per-SM rate spread of one-wave grids
-the GPC's population?). --repeat records that many launches per case (fresh inputs each time) and
-reports whether the same SMs are slow every time.
+--gpc takes tools/gpc_probe's shared library (built with the nvcc line below) and maps every SM to
+its GPC; each case's row then relates a working CTA's KV-loop time to how many working CTAs share
+its GPC. --repeat records that many launches per case (fresh inputs each time) and reports whether
+the same SMs are slow every time. Session 35 (H200): b1's spread is neither (it is drawn anew in
+every launch), and at most 7 / 15 / 30 / 66 clusters of 16 / 8 / 4 / 2 one-per-SM CTAs fit at once.
 
     nvcc -O2 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
         -o gpc_probe.so tools/gpc_probe/gpc_probe.cu
@@ -102,7 +102,9 @@ def trace_case(batch: int, kv_len: int, graph: bool = False) -> tuple[dict, np.n
 
 
 def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
-    """GPC index per SM (-1: never seen) from cluster launches (tools/gpc_probe/gpc_probe.cu)."""
+    """Group index per SM from cluster launches (tools/gpc_probe/gpc_probe.cu): SMs that shared a
+    cluster share a group. A group is a GPC or part of one (SMs that never shared a cluster stay
+    apart), so the sizes are checked by eye against the GPU's GPC count."""
     lib = ctypes.CDLL(so_path)
     lib.gpc_probe_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
     parent = list(range(nsm))
@@ -131,6 +133,9 @@ def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
                 raise RuntimeError(f"gpc_probe_launch(size={size}) failed: cudaError {err}")
             torch.cuda.synchronize()
             r = rec.view(-1, 2).cpu().numpy()
+            # a cluster is `size` consecutive CTAs; each recorded its cluster's index
+            if not (r[:, 1] == np.repeat(np.arange(clusters), size)).all():
+                raise RuntimeError(f"gpc_probe: cluster indices of size-{size} clusters are not blockIdx / size")
             for c in range(clusters):
                 sms = r[c * size : (c + 1) * size, 0]
                 for sm in sms[1:]:
