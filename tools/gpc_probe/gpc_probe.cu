@@ -23,10 +23,13 @@ __global__ void gpc_probe_kernel(int* rec, long long spin_ns) {
   }
 }
 
+constexpr int kSmemBytes = 200 * 1024;  // most of an SM's shared memory: one CTA per SM
+
 static cudaLaunchConfig_t config(int clusters, int size, cudaLaunchAttribute* attr, cudaStream_t s) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(clusters * size);
   cfg.blockDim = dim3(32);
+  cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = s;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = size;
@@ -37,16 +40,20 @@ static cudaLaunchConfig_t config(int clusters, int size, cudaLaunchAttribute* at
   return cfg;
 }
 
-// How many clusters of `size` CTAs (one CTA per SM: the kernel asks for most of an SM's shared
-// memory) can be resident at once; <= 0 on error (the negated cudaError_t).
+// Clusters above 8 CTAs are non-portable and must be allowed per kernel.
+static cudaError_t prepare() {
+  cudaError_t err = cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  return err;
+}
+
+// How many clusters of `size` CTAs (one CTA per SM) can be resident at once; <= 0 on error (the
+// negated cudaError_t).
 extern "C" int gpc_probe_max_clusters(int size) {
-  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    return -int(cudaGetLastError());
-  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
-    return -int(cudaGetLastError());
+  if (const cudaError_t err = prepare(); err != cudaSuccess) return -int(err);
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg = config(1, size, attr, 0);
-  cfg.dynamicSmemBytes = 200 * 1024;
   int n = 0;
   const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, gpc_probe_kernel, &cfg);
   return err == cudaSuccess ? n : -int(err);
@@ -54,12 +61,8 @@ extern "C" int gpc_probe_max_clusters(int size) {
 
 // One launch of `clusters` clusters of `size` CTAs; rec holds 2 ints per CTA (smid, cluster index).
 extern "C" int gpc_probe_launch(int* rec, int clusters, int size, long long spin_ns, cudaStream_t s) {
-  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    return int(cudaGetLastError());
-  if (cudaFuncSetAttribute(gpc_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
-    return int(cudaGetLastError());
+  if (const cudaError_t err = prepare(); err != cudaSuccess) return int(err);
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg = config(clusters, size, attr, s);
-  cfg.dynamicSmemBytes = 200 * 1024;
   return int(cudaLaunchKernelEx(&cfg, gpc_probe_kernel, rec, spin_ns));
 }
