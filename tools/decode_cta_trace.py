@@ -11,16 +11,13 @@ scheduler packed a 128-CTA grid two to an SM on some SMs while others idled (see
 launch_batch_decode in decode_common.cuh); session 18 the same in CUDA-graph replays (see
 decode_work's spread mode).
 
-    python3 tools/decode_cta_trace.py [--cases b1,b16,...] [--graph] [--repeat N] [--gpc SO]
+    python3 tools/decode_cta_trace.py [--cases b1,b16,...] [--graph] [--repeat N] [--gpc]
 
---gpc takes tools/gpc_probe's shared library (built with the nvcc line below) and maps every SM to
-its GPC; each case's row then relates a working CTA's KV-loop time to how many working CTAs share
+--gpc builds tools/gpc_probe/gpc_probe.cu as a fi-core module and maps every SM to its GPC; each
+case's row then relates a working CTA's KV-loop time to how many working CTAs share
 its GPC. --repeat records that many launches per case (fresh inputs each time) and reports whether
 the same SMs are slow every time. Session 35 (H200): b1's spread is neither (it is drawn anew in
 every launch), and at most 7 / 15 / 30 / 66 clusters of 16 / 8 / 4 / 2 one-per-SM CTAs fit at once.
-
-    nvcc -O2 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
-        -o gpc_probe.so tools/gpc_probe/gpc_probe.cu
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import argparse
 import ctypes
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -101,12 +99,31 @@ def trace_case(batch: int, kv_len: int, graph: bool = False) -> tuple[dict, np.n
     return row, buf
 
 
-def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
+def gpc_probe_module():
+    """tools/gpc_probe/gpc_probe.cu, compiled and cached by fi-core's JIT for the current GPU."""
+    from fi_core import Entry, KernelSpec, arch_of, load  # noqa: PLC0415
+
+    src = Path(__file__).resolve().parent / "gpc_probe" / "gpc_probe.cu"
+    return load(
+        KernelSpec(
+            name="gpc_probe",
+            sources=(src,),
+            arch=arch_of(torch.device("cuda")),
+            entries=(
+                Entry("fi_gpc_probe_max_clusters", ("i32", "ptr")),
+                Entry("fi_gpc_probe_launch", ("ptr", "i32", "i32", "i64", "stream")),
+            ),
+        )
+    )
+
+
+def gpc_map(nsm: int) -> tuple[np.ndarray, dict]:
     """Group index per SM from cluster launches (tools/gpc_probe/gpc_probe.cu): SMs that shared a
     cluster share a group. A group is a GPC or part of one (SMs that never shared a cluster stay
     apart), so the sizes are checked by eye against the GPU's GPC count."""
-    lib = ctypes.CDLL(so_path)
-    lib.gpc_probe_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
+    from fi_core import current_stream  # noqa: PLC0415
+
+    mod = gpc_probe_module()
     parent = list(range(nsm))
 
     def find(a: int) -> int:
@@ -117,8 +134,10 @@ def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
 
     info = {"max_active_clusters": {}}
     for size in (16, 8, 4, 2):
-        info["max_active_clusters"][size] = int(lib.gpc_probe_max_clusters(size))
-    stream = torch.cuda.current_stream().cuda_stream
+        n = ctypes.c_int(0)
+        mod.fi_gpc_probe_max_clusters(size, ctypes.addressof(n))  # raises CudaError on failure
+        info["max_active_clusters"][size] = n.value
+    stream = current_stream(torch.device("cuda"))
     for size in (16, 8, 4, 2):
         n_active = info["max_active_clusters"][size]
         if n_active <= 0:
@@ -126,11 +145,7 @@ def gpc_map(so_path: str, nsm: int) -> tuple[np.ndarray, dict]:
         clusters = 4 * n_active  # several waves: each wave places the clusters on other SM sets
         for launch in range(6):
             rec = torch.full((clusters * size * 2,), -1, dtype=torch.int32, device="cuda")
-            err = lib.gpc_probe_launch(
-                ctypes.c_void_p(rec.data_ptr()), clusters, size, 20_000 + 3_000 * launch, ctypes.c_void_p(stream)
-            )
-            if err != 0:
-                raise RuntimeError(f"gpc_probe_launch(size={size}) failed: cudaError {err}")
+            mod.fi_gpc_probe_launch(rec.data_ptr(), clusters, size, 20_000 + 3_000 * launch, stream)
             torch.cuda.synchronize()
             r = rec.view(-1, 2).cpu().numpy()
             # a cluster is `size` consecutive CTAs; each recorded its cluster's index
@@ -188,13 +203,13 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--graph", action="store_true", help="CUDA-graph wrappers, replays of a captured graph")
     ap.add_argument("--repeat", type=int, default=1, help="launches recorded per case (fresh inputs each)")
-    ap.add_argument("--gpc", default=None, help="tools/gpc_probe shared library: relate CTA times to GPCs")
+    ap.add_argument("--gpc", action="store_true", help="map SMs to GPCs (tools/gpc_probe) and relate CTA times to them")
     args = ap.parse_args()
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     gpc = None
     rows = {}
     if args.gpc:
-        gpc, info = gpc_map(args.gpc, nsm)
+        gpc, info = gpc_map(nsm)
         rows["gpc_map"] = {**info, "gpc_of_sm": [int(x) for x in gpc]}
         print("gpc", json.dumps(info), flush=True)
     from fi_attention.decode import spec  # noqa: PLC0415
