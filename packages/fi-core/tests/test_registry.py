@@ -1,11 +1,13 @@
 import logging
+import warnings
 
 import pytest
 import torch
 
 from fi_core import knobs
 from fi_core.arch import Arch
-from fi_core.errors import UnsupportedError
+from fi_core import registry
+from fi_core.errors import ReferenceFallbackWarning, UnsupportedError
 from fi_core.registry import Backend, OpInfo, OPS, register_op, support_matrix
 
 
@@ -33,15 +35,37 @@ def test_cpu_goes_to_reference():
     assert OP.choose("cpu", torch.bfloat16).name == "reference"
 
 
-def test_auto_picks_first_supported(on_arch):
+def test_auto_picks_first_supported(on_arch, monkeypatch):
+    monkeypatch.setattr(registry, "_fallbacks_warned", set())
     on_arch("9.0a")
     assert OP.choose("cuda", torch.bfloat16, head_dim=128).name == "hopper"
     assert OP.choose("cuda", torch.float16, head_dim=128).name == "portable"
-    assert OP.choose("cuda", torch.float16, head_dim=127).name == "reference"
+    with pytest.warns(ReferenceFallbackWarning):
+        assert OP.choose("cuda", torch.float16, head_dim=127).name == "reference"
     on_arch("8.6")
     assert OP.choose("cuda", torch.bfloat16, head_dim=64).name == "portable"
     on_arch("7.5")
-    assert OP.choose("cuda", torch.bfloat16, head_dim=64).name == "reference"
+    with pytest.warns(ReferenceFallbackWarning):
+        assert OP.choose("cuda", torch.bfloat16, head_dim=64).name == "reference"
+
+
+def test_reference_fallback_on_gpu_warns_once(on_arch, monkeypatch):
+    monkeypatch.setattr(registry, "_fallbacks_warned", set())
+    on_arch("9.0a")
+    with pytest.warns(ReferenceFallbackWarning) as rec:
+        assert OP.choose("cuda", torch.float16, head_dim=127).name == "reference"
+    msg = str(rec[0].message)
+    assert "unit_op: no kernel runs this call on cuda sm_90a" in msg
+    assert "hopper: supports bfloat16, got float16" in msg and "portable: head_dim must be even, got 127" in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert OP.choose("cuda", torch.float16, head_dim=127).name == "reference"  # once per reason
+        assert OP.choose("cuda", torch.float16, head_dim=64).name == "portable"  # a kernel: no warning
+        assert OP.choose("cpu", torch.float16, head_dim=127).name == "reference"  # the CPU backend
+        assert OP.choose("cuda", torch.float16, requested="reference").name == "reference"  # asked for
+    on_arch("7.5")
+    with pytest.warns(ReferenceFallbackWarning, match="needs sm_80 or newer, GPU is sm_75"):
+        OP.choose("cuda", torch.bfloat16, head_dim=64)
 
 
 def test_impossible_explicit_backend_lists_reasons(on_arch):

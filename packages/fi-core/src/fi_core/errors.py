@@ -22,6 +22,11 @@ class UnsupportedError(FIError, RuntimeError):
     """No backend can run this case; the message lists each backend's reason."""
 
 
+class ReferenceFallbackWarning(UserWarning):
+    """No kernel of an op can run a call on this GPU, so ``backend="auto"`` runs the pure-torch
+    reference there: correct, but far slower than a kernel. Warned once per op, device and reason."""
+
+
 class GPUArchitectureError(UnsupportedError):
     """The GPU's architecture does not support the requested feature (FlashInfer's name)."""
 

@@ -4,6 +4,8 @@ Every public op registers one :class:`OpInfo` naming its backends in preference 
 :class:`Backend` states what it needs (archs, dtypes, and an optional ``check`` for anything else);
 ``OpInfo.choose`` returns the first backend whose needs hold for a call, or raises
 :class:`UnsupportedError` listing every backend's reason. ``FI_LOG_DISPATCH=1`` logs each choice.
+Where ``auto`` falls back to the pure-torch ``reference`` backend on a GPU (no kernel supports
+the call there), it warns once per op, device and reasons (:class:`ReferenceFallbackWarning`).
 ``flashinfer support`` prints the matrix from the same objects, so documentation cannot drift.
 
 Example
@@ -20,6 +22,7 @@ Example
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 from collections.abc import Callable, Iterable, Sequence
@@ -28,10 +31,11 @@ import torch
 
 from . import knobs
 from .arch import Arch
-from .errors import UnsupportedError
+from .errors import ReferenceFallbackWarning, UnsupportedError
 
 dispatch_log = logging.getLogger("fi.dispatch")
 _handler_installed = False
+_fallbacks_warned: set = set()  # (op, device, reasons) already warned of
 
 
 def _enable_dispatch_log() -> None:
@@ -148,6 +152,8 @@ class OpInfo:
         for b in candidates:
             why = b.reason(dev.type, arch, dtype, facts)
             if why is None:
+                if b.name == "reference" and dev.type == "cuda" and reasons:
+                    _warn_fallback(self.name, dev, arch, reasons)
                 if knobs.log_dispatch():
                     _enable_dispatch_log()
                     skipped = "; ".join(f"{n}: {r}" for n, r in reasons)
@@ -161,6 +167,16 @@ class OpInfo:
         raise UnsupportedError(
             f"{self.name}: no backend can run this call (requested {requested!r}, device "
             f"{dev}{' ' + str(arch) if arch else ''}, dtype {dtype and _dtype_name(dtype)}):\n{detail}")
+
+
+def _warn_fallback(op: str, dev: torch.device, arch, reasons: list[tuple[str, str]]) -> None:
+    key = (op, str(dev), tuple(reasons))
+    if key in _fallbacks_warned:
+        return
+    _fallbacks_warned.add(key)
+    why = "; ".join(f"{n}: {r}" for n, r in reasons)
+    warnings.warn(f"{op}: no kernel runs this call on {dev}{' ' + str(arch) if arch else ''}, so it runs the "
+                  f"pure-torch reference (correct, but slow) ({why})", ReferenceFallbackWarning, stacklevel=3)
 
 
 OPS: dict[str, OpInfo] = {}
