@@ -80,3 +80,50 @@ def test_append_validation():
         append_paged_kv_cache(key, key, bi.long(), bi, cache, indices, indptr, last)
     with pytest.raises(InputError, match="nnz"):
         append_paged_kv_cache(key, key, torch.zeros(2, dtype=torch.int32), bi, cache, indices, indptr, last)
+
+
+def test_append_targets_are_checked():
+    """Every appended token must land inside its request's pages (the table after the append):
+    on the CPU always, on a GPU with FI_CHECK_INPUTS=1 (the checks read device values)."""
+    indices, indptr, last = _table([6, 3], 4, 4)  # request 0: pages of 4 + 2 tokens, request 1: 3
+    cache = torch.zeros(4, 2, 4, 2, 8, dtype=torch.float16)
+    key = torch.ones(2, 2, 8, dtype=torch.float16)
+
+    def append(bi, pos, ind=indices, ptr=indptr, lst=last):
+        append_paged_kv_cache(key, key, torch.tensor(bi, dtype=torch.int32), torch.tensor(pos, dtype=torch.int32),
+                              cache, ind, ptr, lst)
+
+    append([0, 1], [5, 2])  # the last slot of each request: fine
+    with pytest.raises(InputError, match=r"token 0 of request 0 has position 6, its length is 6"):
+        append([0, 1], [6, 0])
+    with pytest.raises(InputError, match=r"token 1 of request 1 has position -1"):
+        append([0, 1], [0, -1])
+    with pytest.raises(InputError, match=r"batch_indices must be in \[0, 2\).*got \[0, 2\]"):
+        append([0, 2], [0, 0])
+    with pytest.raises(InputError, match=r"kv_indptr\[-1\] = 3 exceeds the 2 entries"):
+        append([0, 0], [0, 1], ind=indices[:2])
+    with pytest.raises(InputError, match=r"kv_indptr must start at 0 and be non-decreasing"):
+        append([0, 0], [0, 1], ptr=torch.tensor([0, 2, 1], dtype=torch.int32))
+    bad = indices.clone()
+    bad[0] = 9
+    with pytest.raises(InputError, match=r"page indices of appended tokens must be in \[0, 4\), got \[.*9\]"):
+        append([0, 0], [0, 1], ind=bad)
+    with pytest.raises(InputError, match=r"len\(kv_last_page_len\) \+ 1 = 2 entries, got 3"):
+        append([0, 0], [0, 1], lst=last[:1])
+
+
+def test_page_helpers_check_their_scalars_and_lengths():
+    i32 = dict(dtype=torch.int32)
+    for bad in (0, -16, 2.0, True):
+        with pytest.raises(InputError, match="page_size must be an int >= 1"):
+            get_seq_lens(torch.tensor([0, 2], **i32), torch.tensor([3], **i32), bad)
+    ap, seq = torch.tensor([0, 3, 5], **i32), torch.tensor([10, 4], **i32)
+    assert get_batch_indices_positions(ap, seq, 5)[1].tolist() == [7, 8, 9, 2, 3]
+    with pytest.raises(InputError, match=r"nnz must equal append_indptr\[-1\] = 5, got 4"):
+        get_batch_indices_positions(ap, seq, 4)
+    with pytest.raises(InputError, match=r"nnz \(append_indptr\[-1\]\) must be an int >= 0, got 5.0"):
+        get_batch_indices_positions(ap, seq, 5.0)
+    with pytest.raises(InputError, match="request 0 appends 3 tokens to a length of 2"):
+        get_batch_indices_positions(ap, torch.tensor([2, 4], **i32), 5)
+    with pytest.raises(InputError, match="append_indptr must start at 0 and be non-decreasing"):
+        get_batch_indices_positions(torch.tensor([0, 3, 2], **i32), seq, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from pathlib import Path
 from typing import Optional
 
@@ -42,6 +43,51 @@ APPEND = register_op(OpInfo(
 _i32 = checks.int32_vector
 
 
+def _int(name: str, v, low: int) -> int:
+    """``v`` as an int >= low (Python or numpy integers; not bools, floats or tensors)."""
+    try:
+        n = operator.index(v)
+    except TypeError:
+        n = None
+    if n is None or isinstance(v, bool) or n < low:
+        raise InputError(f"{name} must be an int >= {low}, got {v!r}")
+    return n
+
+
+def _check_indptr(name: str, indptr: torch.Tensor, end: Optional[int] = None) -> None:
+    """indptr starts at 0, never decreases and (given ``end``) stops at or before it."""
+    if indptr.numel() == 0 or int(indptr[0]) != 0 or bool((indptr[1:] < indptr[:-1]).any()):
+        raise InputError(f"{name} must start at 0 and be non-decreasing, got {indptr.tolist()[:8]}"
+                         f"{'...' if indptr.numel() > 8 else ''}")
+    if end is not None and int(indptr[-1]) > end:
+        raise InputError(f"{name}[-1] = {int(indptr[-1])} exceeds the {end} entries it indexes")
+
+
+def _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, page_size,
+                          num_pages) -> None:
+    """Every appended token lands inside its request's pages, and those pages inside the cache
+    (FI_CHECK_INPUTS=1 on a GPU, always on the CPU: these read device values)."""
+    _check_indptr("kv_indptr", kv_indptr, kv_indices.numel())
+    batch = kv_last_page_len.numel()
+    b_lo, b_hi = int(batch_indices.min()), int(batch_indices.max())
+    if b_lo < 0 or b_hi >= batch:
+        raise InputError(f"batch_indices must be in [0, {batch}) (the page table's requests), got "
+                         f"[{b_lo}, {b_hi}]")
+    pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
+    seq = torch.clamp(pages - 1, min=0) * page_size + torch.where(pages > 0, kv_last_page_len.long(), 0)
+    b = batch_indices.long()
+    bad = torch.nonzero((positions < 0) | (positions.long() >= seq[b]))
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise InputError(f"positions must lie in [0, seq_len) of their request (the page table is the one "
+                         f"after the append); token {i} of request {int(b[i])} has position "
+                         f"{int(positions[i])}, its length is {int(seq[b[i]])}")
+    ids = kv_indices[kv_indptr[:-1].long()[b] + positions.long() // page_size]
+    if int(ids.min()) < 0 or int(ids.max()) >= num_pages:
+        raise InputError(f"page indices of appended tokens must be in [0, {num_pages}), got "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+
+
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     """Token count of each request: ``max(pages - 1, 0) * page_size + last_page_len``.
 
@@ -65,6 +111,7 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
     """
     _i32("kv_indptr", kv_indptr)
     _i32("kv_last_page_len", kv_last_page_len)
+    page_size = _int("page_size", page_size, 1)
     if kv_indptr.numel() != kv_last_page_len.numel() + 1:
         raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
                          f"entries, got {kv_indptr.numel()}")
@@ -86,7 +133,8 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     seq_lens : torch.Tensor
         int32 ``[batch]``.
     nnz : int
-        ``append_indptr[-1]``, given so that no device value has to be read.
+        ``append_indptr[-1]``, given so that no device value has to be read (checked against it,
+        with ``seq_lens`` against the append lengths, on CPU tensors and with ``FI_CHECK_INPUTS=1``).
 
     Returns
     -------
@@ -105,6 +153,17 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     if append_indptr.numel() != seq_lens.numel() + 1:
         raise InputError(f"append_indptr must have len(seq_lens) + 1 = {seq_lens.numel() + 1} "
                          f"entries, got {append_indptr.numel()}")
+    nnz = _int("nnz (append_indptr[-1])", nnz, 0)
+    if append_indptr.device.type == "cpu" or knobs.check_inputs():  # reads device values
+        _check_indptr("append_indptr", append_indptr)
+        if int(append_indptr[-1]) != nnz:
+            raise InputError(f"nnz must equal append_indptr[-1] = {int(append_indptr[-1])}, got {nnz}")
+        short = torch.nonzero(append_indptr[1:] - append_indptr[:-1] > seq_lens)
+        if short.numel():
+            b = int(short[0, 0])
+            raise InputError(f"seq_lens are the lengths after the append, so each must be >= its append "
+                             f"length; request {b} appends {int(append_indptr[b + 1] - append_indptr[b])} "
+                             f"tokens to a length of {int(seq_lens[b])}")
     counts = (append_indptr[1:] - append_indptr[:-1]).long()
     batch = torch.arange(seq_lens.numel(), device=seq_lens.device)
     bi = torch.repeat_interleave(batch, counts, output_size=nnz)
@@ -131,6 +190,10 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
         int32 page table *after* the append (the pages must already be allocated).
     kv_layout : str
         ``"NHD"`` or ``"HND"``.
+
+    Shapes, dtypes and table lengths are always checked. That every token lands inside its
+    request's pages and those inside the cache reads the tables' values: it is checked on CPU
+    tensors always and on a GPU with ``FI_CHECK_INPUTS=1``.
     """
     kv = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
     for name, t in (("batch_indices", batch_indices), ("positions", positions), ("kv_indices", kv_indices),
@@ -149,11 +212,12 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     if append_value.shape[0] != nnz or batch_indices.numel() != nnz or positions.numel() != nnz:
         raise InputError(f"append_key, append_value, batch_indices and positions must have nnz rows, got "
                          f"{nnz}, {append_value.shape[0]}, {batch_indices.numel()}, {positions.numel()}")
-    if knobs.check_inputs() and nnz:
-        pages = kv_indices[kv_indptr[:-1].long()[batch_indices.long()] + positions.long() // kv.page_size]
-        if int(pages.min()) < 0 or int(pages.max()) >= kv.num_pages:
-            raise InputError(f"page indices of appended tokens must be in [0, {kv.num_pages}), got "
-                             f"[{int(pages.min())}, {int(pages.max())}]")
+    if kv_last_page_len.numel() + 1 != kv_indptr.numel():
+        raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
+                         f"entries, got {kv_indptr.numel()}")
+    if nnz and (kv.device.type == "cpu" or knobs.check_inputs()):  # reads device values
+        _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len,
+                              kv.page_size, kv.num_pages)
     if isinstance(paged_kv_cache, torch.Tensor):
         cache_a, cache_b = paged_kv_cache, None
     else:
