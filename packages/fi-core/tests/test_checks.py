@@ -21,3 +21,16 @@ def test_output_allocates_or_validates():
                       torch.device("cpu"))
     with pytest.raises(InputTypeError, match="must be a torch.Tensor"):
         checks.output("out", [1, 2], (2,), torch.float32, torch.device("cpu"))
+
+
+def test_finite_float():
+    import numpy as np
+
+    assert checks.finite_float("s", 2) == 2.0 and checks.finite_float("s", np.float32(0.5)) == 0.5
+    assert checks.finite_float("s", torch.tensor(1.5).item()) == 1.5
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(InputError, match="s must be finite"):
+            checks.finite_float("s", bad)
+    for bad in ("1", True, None, [1.0]):
+        with pytest.raises(InputTypeError, match="s must be a real number"):
+            checks.finite_float("s", bad)

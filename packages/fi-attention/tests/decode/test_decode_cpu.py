@@ -219,6 +219,22 @@ def test_bad_cache_shapes_rejected():
         w.run(q, (cache[:, 0].transpose(-1, -2), cache[:, 1].transpose(-1, -2)))
 
 
+@pytest.mark.parametrize("option, value, text", [
+    ("sm_scale", float("nan"), "sm_scale must be finite"),
+    ("logits_soft_cap", float("inf"), "logits_soft_cap must be finite"),
+    ("logits_soft_cap", -2.0, "logits_soft_cap must be > 0"),
+    ("rope_theta", 0.0, "rope_theta must be > 0"),
+    ("rope_scale", "2", "rope_scale must be a real number"),
+])
+def test_float_options_are_checked(option, value, text):
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    with pytest.raises((InputError, InputTypeError), match=text):
+        _wrapper().plan(indptr, indices, last, 4, 2, 16, 4, **{option: value})
+    k, v = gather_paged_kv(cache, indptr, indices, last, 0)
+    with pytest.raises((InputError, InputTypeError), match=text):
+        single_decode_with_kv_cache(testing.randn((4, 16), torch.float16), k, v, **{option: value})
+
+
 def test_run_before_plan_and_bad_layout():
     with pytest.raises(InputError, match="plan"):
         _wrapper().run(torch.zeros(1, 4, 16), torch.zeros(1, 2, 4, 2, 16))

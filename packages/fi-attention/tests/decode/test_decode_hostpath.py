@@ -171,6 +171,15 @@ def test_launch_path_declines_and_the_checked_path_raises(sim):
         w.run(q, cache[:, :, :, :4])
     with pytest.raises(InputTypeError, match="paged_kv_cache must be"):
         w.run(q, cache.view(torch.float16))
+    launches = len(sim.launches)
+    for bad in (float("nan"), float("inf")):  # a float, so the launch path's type test passes
+        with pytest.raises(InputError, match="k_scale must be finite"):
+            w.run(q, cache, k_scale=bad)
+        with pytest.raises(InputError, match="v_scale must be finite"):
+            w.run(q, cache, v_scale=bad)
+    with pytest.raises(InputTypeError, match="k_scale must be a real number, got str"):
+        w.run(q, cache, k_scale="0.5")
+    assert len(sim.launches) == launches
     sim.capturing = True  # the launcher refuses (REFUSE_CAPTURE), the checked path asks torch
     launches = len(sim.launches)
     for kw in ({}, {"return_lse": True}):

@@ -250,3 +250,32 @@ def test_single_prefill_traces_with_torch_compile_fullgraph():
     want, wl = attention_reference(q, k, v, causal=True, return_lse=True)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(lse, wl, rtol=0, atol=0)
+
+
+def test_scales_must_be_finite_numbers():
+    q = torch.randn(4, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(6, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="scale_k must be finite, got nan"):
+        single_prefill_with_kv_cache(q, k, k, scale_k=float("nan"))
+    with pytest.raises(InputError, match="scale_v must be finite, got inf"):
+        single_prefill_with_kv_cache(q, k, k, scale_v=torch.tensor(float("inf")))
+    with pytest.raises(InputTypeError, match="scale_q must be a real number, got str"):
+        single_prefill_with_kv_cache(q, k, k, scale_q="2")
+
+
+@pytest.mark.parametrize("option, value, text", [
+    ("sm_scale", float("nan"), "sm_scale must be finite"),
+    ("logits_soft_cap", float("inf"), "logits_soft_cap must be finite"),
+    ("logits_soft_cap", -2.0, "logits_soft_cap must be None, 0 or > 0"),
+    ("rope_theta", -1.0, "rope_theta must be > 0"),
+    ("rope_scale", "2", "rope_scale must be a real number"),
+])
+def test_float_options_are_checked(option, value, text):
+    q = torch.randn(4, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(6, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises((InputError, InputTypeError), match=text):
+        single_prefill_with_kv_cache(q, k, k, **{option: value})
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    indptr = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises((InputError, InputTypeError), match=text):
+        w.plan(indptr, torch.tensor([0, 6], dtype=torch.int32), 4, 2, 64, **{option: value})

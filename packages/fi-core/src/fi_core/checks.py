@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 from collections.abc import Iterable, Sequence
 
@@ -82,6 +83,30 @@ def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
 def positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def finite_float(name: str, value) -> float:
+    """A scale or other real parameter as a finite Python float (ints and numpy / torch scalars
+    convert; strings, bools, None, inf and NaN are refused)."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise InputTypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise InputTypeError(f"{name} must be a real number, got {type(value).__name__}") from None
+    if not math.isfinite(f):
+        raise InputError(f"{name} must be finite, got {f}")
+    return f
+
+
+def float_option(name: str, value, default: float, positive: bool = False) -> float:
+    """An optional real parameter: ``default`` for None, else a finite float (> 0 if ``positive``)."""
+    if value is None:
+        return default
+    f = finite_float(name, value)
+    if positive and f <= 0:
+        raise InputError(f"{name} must be > 0, got {f}")
+    return f
 
 
 def output(name: str, out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,

@@ -138,8 +138,7 @@ class _Options:
         self.window_left = -1 if window_left is None else int(window_left)
         self.cap = common.soft_cap(logits_soft_cap)
         self.sm_scale = common.softmax_scale(sm_scale, head_dim)
-        self.rope_scale = 1.0 if rope_scale is None else float(rope_scale)
-        self.rope_theta = 1e4 if rope_theta is None else float(rope_theta)
+        self.rope_scale, self.rope_theta = common.rope_options(rope_scale, rope_theta)
         self.opt_fields = (self.cap, self.rope_scale, self.rope_theta)
         self.finished = True
 
@@ -672,8 +671,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)):
             q_dtype, q_shape, dev, seen, a, addr, launch, dense = self._fast
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
-                    and (k_scale is None or type(k_scale) is float)
-                    and (v_scale is None or type(v_scale) is float)
+                    and (k_scale is None or (type(k_scale) is float and k_scale - k_scale == 0.0))  # finite
+                    and (v_scale is None or (type(v_scale) is float and v_scale - v_scale == 0.0))
                     and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape
                                          and out.get_device() == dev))):
                 c = paged_kv_cache

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, register_op
+from fi_core import Backend, OpInfo, checks, register_op
 from fi_core.errors import InputError, InputTypeError
 
 from .spec import HEAD_DIMS, POS_CODES, representative_specs
@@ -72,17 +72,21 @@ def scale_value(name: str, x) -> float:
         if x.device.type != "cpu":
             raise InputTypeError(f"{name} must be a Python float or a CPU scalar tensor (reading a "
                                  f"device tensor would synchronise), got a tensor on {x.device}")
-        return float(x.item())
-    return float(x)
+        x = x.item()
+    return checks.finite_float(name, x)
 
 
 def softmax_scale(sm_scale: Optional[float], head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    return checks.float_option("sm_scale", sm_scale, 1.0 / math.sqrt(head_dim))
+
+
+def rope_options(rope_scale: Optional[float], rope_theta: Optional[float]) -> tuple[float, float]:
+    return (checks.float_option("rope_scale", rope_scale, 1.0, positive=True),
+            checks.float_option("rope_theta", rope_theta, 1e4, positive=True))
 
 
 def soft_cap(logits_soft_cap: Optional[float]) -> float:
-    if logits_soft_cap is None or logits_soft_cap == 0:
-        return 0.0
-    if logits_soft_cap < 0:
+    cap = checks.float_option("logits_soft_cap", logits_soft_cap, 0.0)
+    if cap < 0:
         raise InputError(f"logits_soft_cap must be > 0 (or None/0 to disable), got {logits_soft_cap}")
-    return float(logits_soft_cap)
+    return cap

@@ -99,8 +99,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     scale = common.softmax_scale(sm_scale, d) * common.scale_value("q_scale", q_scale)
     ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
     cap = common.soft_cap(logits_soft_cap)
-    rs = 1.0 if rope_scale is None else float(rope_scale)
-    rt = 1e4 if rope_theta is None else float(rope_theta)
+    rs, rt = common.rope_options(rope_scale, rope_theta)
     wl = -1 if window_left is None else int(window_left)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(hq, dtype=torch.float32, device=q.device) if return_lse else None

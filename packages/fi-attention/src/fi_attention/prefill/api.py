@@ -17,7 +17,7 @@ from ..kv import check_kv_layout
 from ..reference import attention_reference
 from .backends import RUNNERS, SINGLE_PREFILL
 from .common import (Q_DTYPES, check_heads, check_options, check_rows, check_tensor,
-                     dtype_name, to_float_scale, unpack_mask)
+                     dtype_name, float_options, to_float_scale, unpack_mask)
 from .launch import PrefillCall, default_sm_scale, make_schedule, plan_for_call
 from .packbits import packbits
 
@@ -166,9 +166,7 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         causal = False  # FlashInfer: a custom mask replaces the causal mask
     out = torch.empty((lq, hq, dvo), dtype=q.dtype, device=q.device)
     lse = torch.empty((lq, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
-    rs = 1.0 if rope_scale is None else float(rope_scale)
-    rt = 1e4 if rope_theta is None else float(rope_theta)
+    soft_cap, rs, rt = float_options(logits_soft_cap, rope_scale, rope_theta)
     args = (out, lse, q, k, v, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, scale,
             int(window_left), soft_cap, rs, rt, backend)
     if torch.compiler.is_compiling():

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from fi_core import checks
 from fi_core.errors import InputError, InputTypeError
 
 from ..reference import POS_ENCODING_MODES
@@ -52,8 +53,15 @@ def check_options(pos_encoding_mode: str, window_left: int, logits_soft_cap: Opt
         raise InputError(f"pos_encoding_mode must be one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
     if not isinstance(window_left, int) or window_left < -1:
         raise InputError(f"window_left must be -1 (no window) or >= 0, got {window_left!r}")
-    if logits_soft_cap is not None and logits_soft_cap < 0:
+    if checks.float_option("logits_soft_cap", logits_soft_cap, 0.0) < 0:
         raise InputError(f"logits_soft_cap must be None, 0 or > 0, got {logits_soft_cap}")
+
+
+def float_options(logits_soft_cap, rope_scale, rope_theta) -> tuple[float, float, float]:
+    """(soft cap or 0.0, rope_scale, rope_theta) as checked floats."""
+    return (checks.float_option("logits_soft_cap", logits_soft_cap, 0.0),
+            checks.float_option("rope_scale", rope_scale, 1.0, positive=True),
+            checks.float_option("rope_theta", rope_theta, 1e4, positive=True))
 
 
 def check_indptr(name: str, t, length: Optional[int] = None) -> torch.Tensor:
@@ -90,10 +98,12 @@ def unpack_mask(packed: torch.Tensor, offset: int, qo_len: int, kv_len: int) -> 
 
 
 def to_float_scale(name: str, s) -> float:
+    """A scale given as None (1.0), a number or a one-element tensor (read with .item(): on a GPU
+    tensor that synchronises), as a finite float."""
     if s is None:
         return 1.0
     if isinstance(s, torch.Tensor):
         if s.numel() != 1:
             raise InputError(f"{name} must be a float or a one-element tensor, got shape {tuple(s.shape)}")
-        return float(s.item())
-    return float(s)
+        s = s.item()
+    return checks.finite_float(name, s)

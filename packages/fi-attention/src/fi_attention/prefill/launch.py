@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fi_core import arch_of, current_stream, device_info, load
+from fi_core import arch_of, checks, current_stream, device_info, load
 
 from ..reference import alibi_slopes
 from .plan import Plan, plan_fa2
@@ -245,4 +245,4 @@ def is_short(qo_lens, group: int) -> bool:
 
 
 def default_sm_scale(head_dim: int, sm_scale: Optional[float]) -> float:
-    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    return checks.float_option("sm_scale", sm_scale, 1.0 / math.sqrt(head_dim))

@@ -26,7 +26,7 @@ from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
 from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
 from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
-                     dtype_name, host_lengths, to_float_scale, unpack_mask)
+                     dtype_name, float_options, host_lengths, to_float_scale, unpack_mask)
 from .launch import (PrefillCall, default_sm_scale, grid_size, is_short, make_schedule, max_slots_for,
                      plan_fa2)
 from .hopper.spec import batch_visible_pairs
@@ -103,10 +103,8 @@ class _BatchPrefillBase:
         self._max_qo_len = int(qo_lens.max()) if len(qo_lens) else 0
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = window_left
-        self._soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        self._soft_cap, self._rope_scale, self._rope_theta = float_options(logits_soft_cap, rope_scale, rope_theta)
         self._sm_scale = default_sm_scale(head_dim_qk, sm_scale)
-        self._rope_scale = 1.0 if rope_scale is None else float(rope_scale)
-        self._rope_theta = 1e4 if rope_theta is None else float(rope_theta)
         # Custom masks: flattened [sum qo_len_i * kv_len_i] bool, packed little-endian per request.
         mask_lens = qo_lens * kv_lens
         self._mask = self._mask_indptr = None
