@@ -235,6 +235,37 @@ def test_float_options_are_checked(option, value, text):
         single_decode_with_kv_cache(testing.randn((4, 16), torch.float16), k, v, **{option: value})
 
 
+@pytest.mark.parametrize("args, kw, err, text", [
+    ((4, 2, 16, 4.0), {}, InputError, "page_size must be an int >= 1, got 4.0"),
+    ((4.0, 2, 16, 4), {}, InputError, "num_qo_heads must be an int >= 1, got 4.0"),
+    ((4, 2, "16", 4), {}, InputError, "head_dim must be an int >= 1, got '16'"),
+    ((4, 2, 0, 4), {}, InputError, "head_dim must be an int >= 1, got 0"),
+    ((4, 2, 16, 4), {"window_left": 2.5}, InputError, "window_left must be an int >= -1, got 2.5"),
+    ((4, 2, 16, 4), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be one of float16, bfloat16, got int8"),
+    ((4, 2, 16, 4), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be one of .*got float32"),
+])
+def test_plan_parameters_are_checked(args, kw, err, text):
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    with pytest.raises(err, match=text):
+        _wrapper().plan(indptr, indices, last, *args, **kw)
+
+
+def test_plan_takes_numpy_integers():
+    import numpy as np
+
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    w = _wrapper()
+    w.plan(indptr, indices, last, np.int64(4), np.int32(2), np.int64(16), np.int64(4), q_data_type="fp16")
+    q = testing.randn((2, 4, 16), torch.float16)
+    assert torch.equal(w.run(q, cache), _wrapper_run(indptr, indices, last, q, cache))
+
+
+def _wrapper_run(indptr, indices, last, q, cache):
+    w = _wrapper()
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16)
+    return w.run(q, cache)
+
+
 def test_run_before_plan_and_bad_layout():
     with pytest.raises(InputError, match="plan"):
         _wrapper().run(torch.zeros(1, 4, 16), torch.zeros(1, 2, 4, 2, 16))

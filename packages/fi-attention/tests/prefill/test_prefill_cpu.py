@@ -279,3 +279,19 @@ def test_float_options_are_checked(option, value, text):
     indptr = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises((InputError, InputTypeError), match=text):
         w.plan(indptr, torch.tensor([0, 6], dtype=torch.int32), 4, 2, 64, **{option: value})
+
+
+@pytest.mark.parametrize("args, kw, err, text", [
+    ((4, 2, 64, 16.0), {}, InputError, "page_size must be an int >= 1, got 16.0"),
+    ((4.0, 2, 64, 16), {}, InputError, "num_qo_heads must be an int >= 1, got 4.0"),
+    ((4, 2, 0, 16), {}, InputError, "head_dim_qk must be an int >= 1, got 0"),
+    ((4, 2, 64, 16), {"head_dim_vo": -1}, InputError, "head_dim_vo must be an int >= 1, got -1"),
+    ((4, 2, 64, 16), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be one of float16, bfloat16, got int8"),
+    ((4, 2, 64, 16), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be one of .*got float32"),
+])
+def test_paged_plan_parameters_are_checked(args, kw, err, text):
+    i32 = dict(dtype=torch.int32)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(err, match=text):
+        w.plan(torch.tensor([0, 3, 5], **i32), torch.tensor([0, 1, 3], **i32), torch.tensor([0, 1, 2], **i32),
+               torch.tensor([4, 16], **i32), *args, **kw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional
 from collections.abc import Iterable, Sequence
 
@@ -83,6 +84,18 @@ def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
 def positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def int_value(name: str, value, low: int) -> int:
+    """``value`` as a Python int >= ``low`` (Python, numpy or 0-d integer tensor values; not bools
+    or floats)."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or isinstance(value, bool) or n < low:
+        raise InputError(f"{name} must be an int >= {low}, got {value!r}")
+    return n
 
 
 def finite_float(name: str, value) -> float:

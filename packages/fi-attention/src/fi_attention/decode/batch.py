@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, device_info, knobs, load
+from fi_core import arch_of, checks, device_info, knobs, load
 from fi_core.dtypes import parse as parse_dtype
 from fi_core.errors import InputError, InputTypeError
 
@@ -118,12 +118,15 @@ class _Options:
 
     def __init__(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
                  logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, small_mha=False):
+        num_qo_heads = checks.int_value("num_qo_heads", num_qo_heads, 1)
+        num_kv_heads = checks.int_value("num_kv_heads", num_kv_heads, 1)
+        head_dim = checks.int_value("head_dim", head_dim, 1)
+        page_size = checks.int_value("page_size", page_size, 1)
         self.group = common.heads(num_qo_heads, num_kv_heads)
         self.pos = common.pos_mode(pos_encoding_mode)
-        if page_size <= 0:
-            raise InputError(f"page_size must be > 0, got {page_size}")
-        self.q_dtype = parse_dtype(q_data_type)
-        self.kv_dtype = parse_dtype(kv_data_type) if kv_data_type is not None else self.q_dtype
+        self.q_dtype = common.data_type("q_data_type", parse_dtype(q_data_type), common.Q_DTYPES)
+        self.kv_dtype = self.q_dtype if kv_data_type is None else \
+            common.data_type("kv_data_type", parse_dtype(kv_data_type), common.KV_DTYPES)
         self.hq, self.hkv, self.d, self.ps = num_qo_heads, num_kv_heads, head_dim, page_size
         self.kv_units = num_kv_heads * (self.group // heads_per_cta(self.group))
         self.small_mha = bool(small_mha)  # spec.small_mha_grid: select_spec may pick the ring
@@ -135,7 +138,7 @@ class _Options:
 
     def finish(self, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
                logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, small_mha=False) -> None:
-        self.window_left = -1 if window_left is None else int(window_left)
+        self.window_left = -1 if window_left is None else checks.int_value("window_left", window_left, -1)
         self.cap = common.soft_cap(logits_soft_cap)
         self.sm_scale = common.softmax_scale(sm_scale, head_dim)
         self.rope_scale, self.rope_theta = common.rope_options(rope_scale, rope_theta)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import operator
 from pathlib import Path
 from typing import Optional
 
@@ -41,17 +40,6 @@ APPEND = register_op(OpInfo(
 
 
 _i32 = checks.int32_vector
-
-
-def _int(name: str, v, low: int) -> int:
-    """``v`` as an int >= low (Python or numpy integers; not bools, floats or tensors)."""
-    try:
-        n = operator.index(v)
-    except TypeError:
-        n = None
-    if n is None or isinstance(v, bool) or n < low:
-        raise InputError(f"{name} must be an int >= {low}, got {v!r}")
-    return n
 
 
 def _check_indptr(name: str, indptr: torch.Tensor, end: Optional[int] = None) -> None:
@@ -111,7 +99,7 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
     """
     _i32("kv_indptr", kv_indptr)
     _i32("kv_last_page_len", kv_last_page_len)
-    page_size = _int("page_size", page_size, 1)
+    page_size = checks.int_value("page_size", page_size, 1)
     if kv_indptr.numel() != kv_last_page_len.numel() + 1:
         raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
                          f"entries, got {kv_indptr.numel()}")
@@ -153,7 +141,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     if append_indptr.numel() != seq_lens.numel() + 1:
         raise InputError(f"append_indptr must have len(seq_lens) + 1 = {seq_lens.numel() + 1} "
                          f"entries, got {append_indptr.numel()}")
-    nnz = _int("nnz (append_indptr[-1])", nnz, 0)
+    nnz = checks.int_value("nnz (append_indptr[-1])", nnz, 0)
     if append_indptr.device.type == "cpu" or knobs.check_inputs():  # reads device values
         _check_indptr("append_indptr", append_indptr)
         if int(append_indptr[-1]) != nnz:

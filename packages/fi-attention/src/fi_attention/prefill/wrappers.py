@@ -19,7 +19,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fi_core.errors import InputError, UnsupportedError
+from fi_core import checks
+from fi_core.dtypes import parse as parse_dtype
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_core.launch import capturing, is_capturing
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
@@ -39,10 +41,16 @@ __all__ = ["BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCache
 _GRAPH_WORK_ITEMS = 1 << 16
 
 
-def _dtype(d) -> torch.dtype:
-    if d is None or isinstance(d, torch.dtype):
-        return d
-    return getattr(torch, str(d).replace("torch.", ""))
+_KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _dtype(name: str, d, allowed: tuple) -> torch.dtype:
+    """A plan()'s q_data_type / kv_data_type (a dtype or its name) among ``allowed``."""
+    dt = parse_dtype(d)
+    if dt not in allowed:
+        raise InputTypeError(f"{name} must be one of {', '.join(dtype_name(a) for a in allowed)}, "
+                             f"got {dtype_name(dt)}")
+    return dt
 
 
 class _BatchPrefillBase:
@@ -91,11 +99,14 @@ class _BatchPrefillBase:
                      head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
                      window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type,
                      kv_data_type, non_blocking):
+        num_qo_heads = checks.int_value("num_qo_heads", num_qo_heads, 1)
+        num_kv_heads = checks.int_value("num_kv_heads", num_kv_heads, 1)
+        head_dim_qk = checks.int_value("head_dim_qk", head_dim_qk, 1)
+        head_dim_vo = head_dim_qk if head_dim_vo is None else checks.int_value("head_dim_vo", head_dim_vo, 1)
         group = check_heads(num_qo_heads, num_kv_heads)
         check_options(pos_encoding_mode, window_left, logits_soft_cap)
-        head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
-        self._q_dtype = _dtype(q_data_type)
-        self._kv_dtype = _dtype(kv_data_type) or self._q_dtype
+        self._q_dtype = _dtype("q_data_type", q_data_type, Q_DTYPES)
+        self._kv_dtype = self._q_dtype if kv_data_type is None else _dtype("kv_data_type", kv_data_type, _KV_DTYPES)
         self._num_qo_heads, self._num_kv_heads = num_qo_heads, num_kv_heads
         self._dqk, self._dvo = head_dim_qk, head_dim_vo
         self._qo_lens, self._kv_lens = qo_lens, kv_lens
@@ -433,8 +444,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             if qo_indptr.numel() > 1 else None
         if not isinstance(paged_kv_indices, torch.Tensor) or paged_kv_indices.dtype != torch.int32:
             raise InputError("paged_kv_indices must be an int32 tensor")
-        if not isinstance(page_size, int) or page_size < 1:
-            raise InputError(f"page_size must be an int >= 1, got {page_size!r}")
+        page_size = checks.int_value("page_size", page_size, 1)
         qo_h, kv_h, last_h = qo_indptr.cpu(), paged_kv_indptr.cpu(), paged_kv_last_page_len.cpu().to(torch.int64)
         qo_lens = host_lengths("qo_indptr", qo_h)
         pages = host_lengths("paged_kv_indptr", kv_h)
