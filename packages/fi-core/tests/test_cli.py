@@ -11,6 +11,8 @@ from fi_core.selftest import selftest_spec
 register_op(OpInfo("cli_unit_op", family="fi-core", backends=(Backend("cuda", min_arch="8.0",
                    dtypes=(torch.float16,)), Backend("reference", devices=("cpu",))),
                    specs=lambda arch: [selftest_spec(arch)]))
+register_op(OpInfo("cli_unit_op_gpu_ref", family="fi-core", backends=(
+    Backend("cuda", min_arch="8.0"), Backend("reference", devices=("cpu", "cuda")))))
 
 
 def test_show_config(cache_dir, capsys):
@@ -27,7 +29,11 @@ def test_support_matrix(capsys):
     out = capsys.readouterr().out
     assert "cli_unit_op" in out and "on sm_80" in out
     assert main(["support", "--arch", "7.5", "--op", "cli_unit_op"]) == 0
-    assert "needs sm_80 or newer, GPU is sm_75" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "needs sm_80 or newer, GPU is sm_75" in out
+    assert "pure-torch fallback" not in out  # this op's reference runs on the CPU only
+    assert main(["support", "--arch", "9.0a", "--op", "cli_unit_op_gpu_ref"]) == 0
+    assert "pure-torch fallback: backend='auto' takes it on a GPU only" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="needs nvcc")

@@ -148,6 +148,9 @@ def cmd_support(args) -> int:
     _p(f"support matrix{' for ' + str(arch) if arch else ' (pass --arch to evaluate one)'}:")
     for r in table:
         _p("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+    if any(r["backend"] == "reference" and r["archs"] != "cpu" for r in rows):
+        _p("A 'reference' row that runs on GPUs is the pure-torch fallback: backend='auto' takes it on a GPU only "
+           "when no kernel above it supports the call, and warns once (ReferenceFallbackWarning).")
     return 0
 
 
