@@ -351,3 +351,14 @@ def test_mma_ab_switches_name_and_define_the_module(monkeypatch):
     assert ab.key() != base.key() and defines["FI_MMA_STAGES"] == "2" and defines["FI_MMA_VARIANT"] == "0"
     assert base.name.endswith("_mma_variant3") and "FI_MMA_STAGES" not in dict(base.defines)
     assert spec.decode_mma_spec(torch.bfloat16, e4m3, 128, 4, "NONE", False, a).key() == base.key()
+
+
+def test_workspace_buffer_checks():
+    with pytest.raises(InputTypeError, match="float_workspace_buffer must be a torch.Tensor, got list"):
+        BatchDecodeWithPagedKVCacheWrapper([0] * 16)
+    with pytest.raises(InputError, match=r"float_workspace_buffer must be contiguous, got shape \(32,\) strides \(2,\)"):
+        BatchDecodeWithPagedKVCacheWrapper(torch.empty(64, dtype=torch.uint8)[::2])
+    w = BatchDecodeWithPagedKVCacheWrapper(torch.empty(64, dtype=torch.uint8))
+    w.reset_workspace_buffer(torch.empty(64, dtype=torch.int32))  # any dtype: used as bytes
+    with pytest.raises(InputError, match="must stay on the wrapper's device cpu, got meta"):
+        w.reset_workspace_buffer(torch.empty(64, dtype=torch.uint8, device="meta"))

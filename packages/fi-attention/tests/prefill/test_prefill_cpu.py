@@ -295,3 +295,13 @@ def test_paged_plan_parameters_are_checked(args, kw, err, text):
     with pytest.raises(err, match=text):
         w.plan(torch.tensor([0, 3, 5], **i32), torch.tensor([0, 1, 3], **i32), torch.tensor([0, 1, 2], **i32),
                torch.tensor([4, 16], **i32), *args, **kw)
+
+
+def test_workspace_buffer_checks():
+    with pytest.raises(InputError, match=r"float_workspace_buffer must be 1-D, got shape \(8, 8\)"):
+        BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8, 8, dtype=torch.uint8))
+    with pytest.raises(InputError, match="float_workspace_buffer must be contiguous"):
+        BatchPrefillWithPagedKVCacheWrapper(torch.empty(64, dtype=torch.uint8)[::2])
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(InputError, match="must stay on the wrapper's device cpu, got meta"):
+        w.reset_workspace_buffer(torch.empty(64, dtype=torch.uint8, device="meta"))

@@ -77,6 +77,16 @@ def contiguous(name: str, t: torch.Tensor) -> None:
         raise InputError(f"{name} must be contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
 
 
+def workspace(t, device: Optional[torch.device] = None) -> int:
+    """A float workspace buffer (any dtype: it is used as bytes): a contiguous tensor, on
+    ``device`` when given (a wrapper's buffer replaced by reset_workspace_buffer). Its bytes."""
+    tensor("float_workspace_buffer", t)
+    contiguous("float_workspace_buffer", t)
+    if device is not None and t.device != device:
+        raise InputError(f"float_workspace_buffer must stay on the wrapper's device {device}, got {t.device}")
+    return t.numel() * t.element_size()
+
+
 def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
     return t.data_ptr() % bytes_ == 0
 

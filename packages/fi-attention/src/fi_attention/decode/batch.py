@@ -186,9 +186,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
                  paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
                  backend: str = "auto", jit_args=None):
         check_kv_layout(kv_layout)
-        if not isinstance(float_workspace_buffer, torch.Tensor):
-            raise InputTypeError("float_workspace_buffer must be a torch.Tensor, got "
-                                 f"{type(float_workspace_buffer).__name__}")
         if backend not in ("auto", "fa2", "cuda", "cuda-core", "tensor-core", "reference"):
             raise InputError("backend must be 'auto', 'fa2', 'cuda', 'cuda-core', 'tensor-core' or "
                              f"'reference', got {backend!r}")
@@ -245,8 +242,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return self._use_cuda_graph
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer=None):
+        self._ws_bytes = checks.workspace(float_workspace_buffer, getattr(self, "_device", None))
         self._float_ws = float_workspace_buffer
-        self._ws_bytes = float_workspace_buffer.numel() * float_workspace_buffer.element_size()
 
     # ---- plan ---------------------------------------------------------------------------
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
@@ -416,7 +413,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """Partial states live in the float workspace: o [slots, Hq, D] then lse [slots, Hq]."""
         need = slots * o.hq * (o.d + 1) * 4
         if need > self._ws_bytes:
-            raise InputError(f"float_workspace_buffer holds {self._float_ws.numel()} bytes but the "
+            raise InputError(f"float_workspace_buffer holds {self._ws_bytes} bytes but the "
                              f"split-KV plan needs {need}; pass a larger buffer (128 MiB is plenty)")
 
     def _point_at_staging(self, base: int, off_indptr: int, batch: int, nnz: int, d_indices) -> tuple:

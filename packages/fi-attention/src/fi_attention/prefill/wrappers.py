@@ -59,7 +59,8 @@ class _BatchPrefillBase:
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
                  use_cuda_graph: bool = False, backend: str = "auto", jit_args=None):
-        check_tensor("float_workspace_buffer", float_workspace_buffer, 1)
+        check_tensor("float_workspace_buffer", float_workspace_buffer, 1)  # viewed as float32 rows
+        checks.workspace(float_workspace_buffer)
         check_kv_layout(kv_layout)
         if backend not in ("auto", "fa2", "fa3"):
             raise InputError(f"backend must be 'auto', 'fa2' or 'fa3', got {backend!r}")
@@ -82,6 +83,8 @@ class _BatchPrefillBase:
         return self._use_cuda_graph
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        check_tensor("float_workspace_buffer", float_workspace_buffer, 1)
+        checks.workspace(float_workspace_buffer, self.device)
         self._ws = float_workspace_buffer
 
     # ---- plan ---------------------------------------------------------------------------
