@@ -203,6 +203,9 @@ def merge_state_reference(v_a, s_a, v_b, s_b):
 
 def merge_states_reference(v, s):
     """Merge ``N`` states: ``v [L, N, H, D]``, ``s [L, N, H]`` -> ``([L, H, D], [L, H])``."""
+    if s.shape[1] == 0:  # no states: nothing attended, as the kernel writes it (0 and -inf)
+        return (v.new_zeros((v.shape[0],) + tuple(v.shape[2:])),
+                torch.full(s.shape[:1] + s.shape[2:], -math.inf, dtype=torch.float32, device=s.device))
     sf = s.float()
     m = sf.max(dim=1).values
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)

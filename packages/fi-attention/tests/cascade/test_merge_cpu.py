@@ -61,3 +61,10 @@ def test_merge_validation():
         merge_state(v, s[:, :2], v, s)
     with pytest.raises(InputError, match="mask"):
         merge_state_in_place(v, s, v, s, mask=torch.ones(3, dtype=torch.bool))
+
+
+def test_merge_states_of_no_states():
+    """N = 0 merges nothing: zeros and -inf, as the kernel writes them."""
+    o, lse = merge_states(torch.ones(3, 0, 2, 8, dtype=torch.float16), torch.ones(3, 0, 2))
+    assert o.shape == (3, 2, 8) and o.dtype == torch.float16 and torch.all(o == 0)
+    assert lse.shape == (3, 2) and torch.isneginf(lse).all()

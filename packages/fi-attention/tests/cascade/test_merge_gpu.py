@@ -28,7 +28,7 @@ def test_merge_state(dtype, L, H, D):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("L,N,H,D", [(3, 1, 4, 128), (17, 5, 32, 128), (2, 40, 8, 64)])
+@pytest.mark.parametrize("L,N,H,D", [(3, 1, 4, 128), (17, 5, 32, 128), (2, 40, 8, 64), (3, 0, 4, 64)])
 def test_merge_states(dtype, L, N, H, D):
     v = testing.randn((L, N, H, D), dtype, "cuda", seed=1)
     s = testing.randn((L, N, H), torch.float32, "cuda", seed=2, scale=4)

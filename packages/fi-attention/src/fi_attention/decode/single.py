@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, device_info, load
+from fi_core import arch_of, checks, device_info, load
 from fi_core.errors import InputError, InputTypeError
 
 from ..kv import check_kv_layout
@@ -100,7 +100,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
     cap = common.soft_cap(logits_soft_cap)
     rs, rt = common.rope_options(rope_scale, rope_theta)
-    wl = -1 if window_left is None else int(window_left)
+    wl = -1 if window_left is None else checks.int_value("window_left", window_left, -1)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(hq, dtype=torch.float32, device=q.device) if return_lse else None
     args = (out, lse, q, k, v, kv_layout, pos_encoding_mode, bool(use_tensor_cores), scale, ks, vs, wl,
