@@ -34,3 +34,16 @@ def test_finite_float():
     for bad in ("1", True, None, [1.0]):
         with pytest.raises(InputTypeError, match="s must be a real number"):
             checks.finite_float("s", bad)
+
+
+def test_dtype_and_int_values():
+    half = (torch.float16, torch.bfloat16)
+    assert checks.dtype_value("q", "bf16", half) is torch.bfloat16
+    with pytest.raises(InputTypeError, match="q must be float16 or bfloat16, got int8"):
+        checks.dtype_value("q", torch.int8, half)
+    with pytest.raises(InputTypeError, match="q must be a torch.dtype or its name, got 'bogus'"):
+        checks.dtype_value("q", "bogus", half)
+    assert checks.int_value("n", 3, 1) == 3 and checks.int_value("n", torch.tensor(2), 0) == 2
+    for bad in (0, 2.0, True, "3"):
+        with pytest.raises(InputError, match="n must be an int >= 1"):
+            checks.int_value("n", bad, 1)

@@ -241,8 +241,8 @@ def test_float_options_are_checked(option, value, text):
     ((4, 2, "16", 4), {}, InputError, "head_dim must be an int >= 1, got '16'"),
     ((4, 2, 0, 4), {}, InputError, "head_dim must be an int >= 1, got 0"),
     ((4, 2, 16, 4), {"window_left": 2.5}, InputError, "window_left must be an int >= -1, got 2.5"),
-    ((4, 2, 16, 4), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be one of float16, bfloat16, got int8"),
-    ((4, 2, 16, 4), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be one of .*got float32"),
+    ((4, 2, 16, 4), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be float16 or bfloat16, got int8"),
+    ((4, 2, 16, 4), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be .*float8_e5m2, got float32"),
 ])
 def test_plan_parameters_are_checked(args, kw, err, text):
     cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)

@@ -286,8 +286,8 @@ def test_float_options_are_checked(option, value, text):
     ((4.0, 2, 64, 16), {}, InputError, "num_qo_heads must be an int >= 1, got 4.0"),
     ((4, 2, 0, 16), {}, InputError, "head_dim_qk must be an int >= 1, got 0"),
     ((4, 2, 64, 16), {"head_dim_vo": -1}, InputError, "head_dim_vo must be an int >= 1, got -1"),
-    ((4, 2, 64, 16), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be one of float16, bfloat16, got int8"),
-    ((4, 2, 64, 16), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be one of .*got float32"),
+    ((4, 2, 64, 16), {"q_data_type": "int8"}, InputTypeError, "q_data_type must be float16 or bfloat16, got int8"),
+    ((4, 2, 64, 16), {"kv_data_type": torch.float32}, InputTypeError, "kv_data_type must be .*float8_e5m2, got float32"),
 ])
 def test_paged_plan_parameters_are_checked(args, kw, err, text):
     i32 = dict(dtype=torch.int32)

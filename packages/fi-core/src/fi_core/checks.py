@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from .dtypes import parse as parse_dtype
 from .errors import InputError, InputTypeError
 
 
@@ -94,6 +95,17 @@ def aligned(name: str, t: torch.Tensor, bytes_: int) -> bool:
 def positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def dtype_value(name: str, value, allowed: Sequence[torch.dtype]) -> torch.dtype:
+    """A dtype argument (a torch.dtype or its name, e.g. ``"bf16"``) that must be one of ``allowed``."""
+    try:
+        dt = parse_dtype(value)
+    except TypeError:
+        raise InputTypeError(f"{name} must be a torch.dtype or its name, got {value!r}") from None
+    if dt not in allowed:
+        raise InputTypeError(f"{name} must be {_names(allowed)}, got {_names((dt,))}")
+    return dt
 
 
 def int_value(name: str, value, low: int) -> int:

@@ -23,7 +23,6 @@ from typing import Optional
 import torch
 
 from fi_core import arch_of, checks, device_info, knobs, load
-from fi_core.dtypes import parse as parse_dtype
 from fi_core.errors import InputError, InputTypeError
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
@@ -124,9 +123,9 @@ class _Options:
         page_size = checks.int_value("page_size", page_size, 1)
         self.group = common.heads(num_qo_heads, num_kv_heads)
         self.pos = common.pos_mode(pos_encoding_mode)
-        self.q_dtype = common.data_type("q_data_type", parse_dtype(q_data_type), common.Q_DTYPES)
+        self.q_dtype = checks.dtype_value("q_data_type", q_data_type, common.Q_DTYPES)
         self.kv_dtype = self.q_dtype if kv_data_type is None else \
-            common.data_type("kv_data_type", parse_dtype(kv_data_type), common.KV_DTYPES)
+            checks.dtype_value("kv_data_type", kv_data_type, common.KV_DTYPES)
         self.hq, self.hkv, self.d, self.ps = num_qo_heads, num_kv_heads, head_dim, page_size
         self.kv_units = num_kv_heads * (self.group // heads_per_cta(self.group))
         self.small_mha = bool(small_mha)  # spec.small_mha_grid: select_spec may pick the ring
@@ -590,7 +589,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         dense = (o.hq * o.d, o.d, 1)
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, self._kv_seen, a, self._args_addr, launch, dense)
         try:
-            self._fast_gen = -1 if _check_inputs() else _KNOB_GEN[0]
+            # run()'s launch path takes a contiguous q's rows as 16-byte aligned once its address
+            # is, which holds for every head_dim of the CUDA kernels (multiples of 8)
+            self._fast_gen = -1 if (_check_inputs() or o.d % 8) else _KNOB_GEN[0]
         except ValueError:  # a bad FI_CHECK_INPUTS value: the checked path of run() reports it
             self._fast_gen = -1
 
@@ -680,8 +681,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 packed = self._kv_packed  # the previous call's cache: its fields are set
                 kv = packed[1] if key == packed[0] else seen.get(key)
                 qp = q.data_ptr()
-                qs = dense if q.is_contiguous() else q.stride()
-                if kv is not None and qs[2] == 1 and not (qp % 16 or qs[0] % 8 or qs[1] % 8):
+                if q.is_contiguous():  # dense strides pass the stride tests (_finish_cuda_plan)
+                    qs, ok = dense, not qp % 16
+                else:
+                    qs = q.stride()
+                    ok = qs[2] == 1 and not (qp % 16 or qs[0] % 8 or qs[1] % 8)
+                if kv is not None and ok:
                     if out is None:  # contiguous: empty_like(q) keeps the layout of a contiguous q
                         out = torch.empty_like(q) if qs is dense else torch.empty_like(q, memory_format=_CONTIGUOUS)
                         os_ = dense
@@ -714,7 +719,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # query on every torch build (the CUDA build's GPU-machine torch raised Unsupported there).
         if not self._use_cuda_graph and not _compiling() and _capturing():
             raise InputError(_CAPTURE_MSG)
-        if self._fast is not None and not _check_inputs():  # FI_CHECK_INPUTS is off (again)
+        if self._fast is not None and not _check_inputs() and self._d % 8 == 0:  # FI_CHECK_INPUTS is off (again)
             self._fast_gen = _KNOB_GEN[0]
         if type(q) is not torch.Tensor or q.dtype != self._q_dtype:
             if not isinstance(q, torch.Tensor) or q.dtype != self._q_dtype:

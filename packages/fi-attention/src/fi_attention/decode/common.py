@@ -46,13 +46,6 @@ SINGLE_DECODE = register_op(OpInfo(
 ))
 
 
-def data_type(name: str, dtype: torch.dtype, allowed: tuple) -> torch.dtype:
-    if dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise InputTypeError(f"{name} must be one of {names}, got {str(dtype).replace('torch.', '')}")
-    return dtype
-
-
 def pos_mode(pos_encoding_mode: str) -> str:
     if pos_encoding_mode not in POS_CODES:
         raise InputError(f"pos_encoding_mode must be one of {tuple(POS_CODES)}, got {pos_encoding_mode!r}")

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from fi_core import checks
-from fi_core.dtypes import parse as parse_dtype
-from fi_core.errors import InputError, InputTypeError, UnsupportedError
+from fi_core.errors import InputError, UnsupportedError
 from fi_core.launch import capturing, is_capturing
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
@@ -42,15 +41,6 @@ _GRAPH_WORK_ITEMS = 1 << 16
 
 
 _KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def _dtype(name: str, d, allowed: tuple) -> torch.dtype:
-    """A plan()'s q_data_type / kv_data_type (a dtype or its name) among ``allowed``."""
-    dt = parse_dtype(d)
-    if dt not in allowed:
-        raise InputTypeError(f"{name} must be one of {', '.join(dtype_name(a) for a in allowed)}, "
-                             f"got {dtype_name(dt)}")
-    return dt
 
 
 class _BatchPrefillBase:
@@ -108,8 +98,9 @@ class _BatchPrefillBase:
         head_dim_vo = head_dim_qk if head_dim_vo is None else checks.int_value("head_dim_vo", head_dim_vo, 1)
         group = check_heads(num_qo_heads, num_kv_heads)
         check_options(pos_encoding_mode, window_left, logits_soft_cap)
-        self._q_dtype = _dtype("q_data_type", q_data_type, Q_DTYPES)
-        self._kv_dtype = self._q_dtype if kv_data_type is None else _dtype("kv_data_type", kv_data_type, _KV_DTYPES)
+        self._q_dtype = checks.dtype_value("q_data_type", q_data_type, Q_DTYPES)
+        self._kv_dtype = self._q_dtype if kv_data_type is None else \
+            checks.dtype_value("kv_data_type", kv_data_type, _KV_DTYPES)
         self._num_qo_heads, self._num_kv_heads = num_qo_heads, num_kv_heads
         self._dqk, self._dvo = head_dim_qk, head_dim_vo
         self._qo_lens, self._kv_lens = qo_lens, kv_lens
