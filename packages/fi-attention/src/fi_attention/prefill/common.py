@@ -51,8 +51,7 @@ def check_heads(num_qo_heads: int, num_kv_heads: int) -> int:
 def check_options(pos_encoding_mode: str, window_left: int, logits_soft_cap: Optional[float]) -> None:
     if pos_encoding_mode not in POS_ENCODING_MODES:
         raise InputError(f"pos_encoding_mode must be one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
-    if not isinstance(window_left, int) or window_left < -1:
-        raise InputError(f"window_left must be -1 (no window) or >= 0, got {window_left!r}")
+    checks.int_value("window_left (-1: no window)", window_left, -1)
     if checks.float_option("logits_soft_cap", logits_soft_cap, 0.0) < 0:
         raise InputError(f"logits_soft_cap must be None, 0 or > 0, got {logits_soft_cap}")
 

@@ -107,7 +107,7 @@ class _BatchPrefillBase:
         self._nnz_qo = int(qo_lens.sum())
         self._max_qo_len = int(qo_lens.max()) if len(qo_lens) else 0
         self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
+        self._window_left = int(window_left)
         self._soft_cap, self._rope_scale, self._rope_theta = float_options(logits_soft_cap, rope_scale, rope_theta)
         self._sm_scale = default_sm_scale(head_dim_qk, sm_scale)
         # Custom masks: flattened [sum qo_len_i * kv_len_i] bool, packed little-endian per request.
