@@ -27,7 +27,7 @@ def test_rejects_wrong_ndim():
         S.top_p_sampling_from_probs(_probs()[0], 0.9, seed=0)
 
 
-@pytest.mark.parametrize("p", [0.0, -0.1, 1.5])
+@pytest.mark.parametrize("p", [0.0, -0.1, 1.5, float("nan")])
 def test_rejects_top_p_out_of_range(p):
     with pytest.raises(InputError, match=r"top_p must be in \(0.0, 1.0\]"):
         S.top_p_sampling_from_probs(_probs(), p, seed=0)
@@ -208,3 +208,10 @@ def test_docstring_examples_run():
     for mod in (api, speculative):
         res = doctest.testmod(mod, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0, f"{mod.__name__}: {res.failed} docstring example(s) failed"
+
+
+def test_rejects_nan_min_p_and_temperature():
+    with pytest.raises(InputError, match=r"min_p must be in \[0.0, 1.0\], got nan"):
+        S.min_p_sampling_from_probs(_probs(), float("nan"), seed=0)
+    with pytest.raises(InputError, match=r"temperature must be in \(0.0, inf\], got nan"):
+        S.softmax(_probs(), temperature=float("nan"))

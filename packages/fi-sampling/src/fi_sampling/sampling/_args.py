@@ -67,8 +67,8 @@ def threshold(name: str, value, rows: int, device, *, integer: bool,
             raise InputTypeError(f"{name} must be an int or an int32/int64 tensor, got {type(value).__name__}")
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputTypeError(f"{name} must be a float or a float32 tensor, got {type(value).__name__}")
-    bad_lo = value <= lo if lo_open else value < lo
-    if bad_lo or value > hi:
+    ok_lo = value > lo if lo_open else value >= lo
+    if not (ok_lo and value <= hi):  # written so that NaN fails
         lb = "(" if lo_open else "["
         raise InputError(f"{name} must be in {lb}{lo}, {hi}], got {value!r}")
     return None, value
