@@ -164,8 +164,9 @@ def test_rejects_bad_out():
 
 def test_rejects_bad_scalars():
     x, w = _xw()
-    with pytest.raises(InputError, match="eps must be >= 0"):
-        norm.rmsnorm(x, w, eps=-1.0)
+    for eps in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="eps must be finite and >= 0"):
+            norm.rmsnorm(x, w, eps=eps)
     with pytest.raises(InputTypeError, match="eps must be a float"):
         norm.rmsnorm(x, w, eps="1e-6")
     with pytest.raises(InputTypeError, match="enable_pdl must be None or a bool"):

@@ -10,6 +10,8 @@ stream-ordered launches (programmatic dependent launch is not used).
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -66,8 +68,8 @@ def _row_strides(t: torch.Tensor) -> tuple[int, int]:
 def _check_eps(eps) -> None:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise InputTypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not eps >= 0:
-        raise InputError(f"eps must be >= 0, got {eps!r}")
+    if not 0 <= eps < math.inf:  # NaN fails too
+        raise InputError(f"eps must be finite and >= 0, got {eps!r}")
 
 
 def _check_pdl(enable_pdl) -> None:
