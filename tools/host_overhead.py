@@ -240,10 +240,8 @@ def main() -> int:
     if args.baseline:
         hostsim = str(ROOT / "packages/fi-attention/src/fi_attention/decode/hostsim.py")
         with tempfile.TemporaryDirectory(prefix="fi-host-baseline-") as d:
-            env = dict(os.environ, PYTHONPATH=_baseline_tree(args.baseline, d))
-            out = subprocess.run([sys.executable, __file__, "--scale", str(args.scale), "--_child", hostsim],
-                                 env=env, check=True, capture_output=True, text=True).stdout
-        columns = {args.baseline: json.loads(out.strip().splitlines()[-1]), **columns}
+            base = _child(_baseline_tree(args.baseline, d), hostsim, args.scale)
+        columns = {args.baseline: base, **columns}
     names = [k for k in columns["this tree"] if k != "launcher"]
     print(f"host time per call, us (min / median); launcher: {columns['this tree']['launcher']}")
     head = "".join(f"{c:>22}" for c in columns)

@@ -47,3 +47,19 @@ def test_dtype_and_int_values():
     for bad in (0, 2.0, True, "3"):
         with pytest.raises(InputError, match="n must be an int >= 1"):
             checks.int_value("n", bad, 1)
+
+
+def test_indptr_values():
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    checks.indptr_values("p", i32([0, 2, 2, 5]), 5, exact=True)
+    checks.indptr_values("p", i32([0, 2, 2, 5]), 7)
+    with pytest.raises(InputError, match=r"p must start at 0 and be non-decreasing, got \[1, 2\]"):
+        checks.indptr_values("p", i32([1, 2]))
+    with pytest.raises(InputError, match=r"p must start at 0 and be non-decreasing, got \[0, 3, 2\]"):
+        checks.indptr_values("p", i32([0, 3, 2]))
+    with pytest.raises(InputError, match=r"p must start at 0, be non-decreasing and end at nnz=4, got \[0, 5\]"):
+        checks.indptr_values("p", i32([0, 5]), 4, exact=True, end_name="nnz")
+    with pytest.raises(InputError, match=r"p must start at 0, be non-decreasing and end <= 4, got \[0, 5\]"):
+        checks.indptr_values("p", i32([0, 5]), 4)
+    with pytest.raises(InputError, match="p must start at 0 and be non-decreasing, got \\[\\]"):
+        checks.indptr_values("p", i32([]))

@@ -222,7 +222,7 @@ def test_bad_cache_shapes_rejected():
 @pytest.mark.parametrize("option, value, text", [
     ("sm_scale", float("nan"), "sm_scale must be finite"),
     ("logits_soft_cap", float("inf"), "logits_soft_cap must be finite"),
-    ("logits_soft_cap", -2.0, "logits_soft_cap must be > 0"),
+    ("logits_soft_cap", -2.0, "logits_soft_cap must be None, 0 \\(off\\) or > 0, got -2.0"),
     ("rope_theta", 0.0, "rope_theta must be > 0"),
     ("rope_scale", "2", "rope_scale must be a real number"),
 ])

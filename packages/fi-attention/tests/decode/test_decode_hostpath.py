@@ -758,3 +758,11 @@ def test_check_inputs_toggles_the_launch_path_by_the_knobs_generation(sim):
             w.run(q, bad)
     w.run(q, cache)
     assert w._fast_gen == knobs.GENERATION[0]
+
+
+def test_dense_q_strides_pass_the_launch_path_tests():
+    """run()'s launch path skips the stride tests for a contiguous q (dense strides (Hq * D, D, 1)),
+    which is right only while every head_dim of the CUDA kernels is a multiple of 8."""
+    from fi_attention.decode.spec import HEAD_DIMS
+
+    assert HEAD_DIMS and all(d % 8 == 0 for d in HEAD_DIMS)

@@ -100,9 +100,10 @@ def test_append_targets_are_checked():
         append([0, 1], [0, -1])
     with pytest.raises(InputError, match=r"batch_indices must be in \[0, 2\).*got \[0, 2\]"):
         append([0, 2], [0, 0])
-    with pytest.raises(InputError, match=r"kv_indptr\[-1\] = 3 exceeds the 2 entries"):
+    with pytest.raises(InputError, match=r"kv_indptr must start at 0, be non-decreasing and end <= len\(kv_indices\)=2"):
         append([0, 0], [0, 1], ind=indices[:2])
-    with pytest.raises(InputError, match=r"kv_indptr must start at 0 and be non-decreasing"):
+    with pytest.raises(InputError, match=r"kv_indptr must start at 0, be non-decreasing and end <= len\(kv_indices\)=3, "
+                                         r"got \[0, 2, 1\]"):
         append([0, 0], [0, 1], ptr=torch.tensor([0, 2, 1], dtype=torch.int32))
     bad = indices.clone()
     bad[0] = 9

@@ -266,7 +266,7 @@ def test_scales_must_be_finite_numbers():
 @pytest.mark.parametrize("option, value, text", [
     ("sm_scale", float("nan"), "sm_scale must be finite"),
     ("logits_soft_cap", float("inf"), "logits_soft_cap must be finite"),
-    ("logits_soft_cap", -2.0, "logits_soft_cap must be None, 0 or > 0"),
+    ("logits_soft_cap", -2.0, "logits_soft_cap must be None, 0 \\(off\\) or > 0, got -2.0"),
     ("rope_theta", -1.0, "rope_theta must be > 0"),
     ("rope_scale", "2", "rope_scale must be a real number"),
 ])

@@ -97,6 +97,23 @@ def positive(name: str, value, allow_zero: bool = False) -> None:
         raise InputError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def indptr_values(name: str, t: torch.Tensor, end: Optional[int] = None, exact: bool = False,
+                  end_name: str = "") -> None:
+    """The values of a CSR indptr: it starts at 0, never decreases and ends at ``end`` (``exact``)
+    or at most there (``end_name`` says what ``end`` is, e.g. "nnz"). Reads the values, so on a
+    GPU tensor it synchronises: callers run it on host tensors, or on device ones with
+    FI_CHECK_INPUTS=1."""
+    ind = t.to("cpu", torch.int64)
+    bad = ind.numel() == 0 or int(ind[0]) != 0 or bool((ind[1:] < ind[:-1]).any())
+    if end is not None and not bad:
+        bad = int(ind[-1]) != end if exact else int(ind[-1]) > end
+    if bad:
+        bound = f"{end_name}={end}" if end_name else str(end)
+        tail = "" if end is None else f" and end {'at' if exact else '<='} {bound}"
+        raise InputError(f"{name} must start at 0{',' if tail else ' and'} be non-decreasing{tail}, got "
+                         f"{ind.tolist()[:8]}{'...' if ind.numel() > 8 else ''}")
+
+
 def dtype_value(name: str, value, allowed: Sequence[torch.dtype]) -> torch.dtype:
     """A dtype argument (a torch.dtype or its name, e.g. ``"bf16"``) that must be one of ``allowed``."""
     try:

@@ -589,9 +589,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         dense = (o.hq * o.d, o.d, 1)
         self._fast = (o.q_dtype, self._q_shape, self._dev_index, self._kv_seen, a, self._args_addr, launch, dense)
         try:
-            # run()'s launch path takes a contiguous q's rows as 16-byte aligned once its address
-            # is, which holds for every head_dim of the CUDA kernels (multiples of 8)
-            self._fast_gen = -1 if (_check_inputs() or o.d % 8) else _KNOB_GEN[0]
+            self._fast_gen = -1 if _check_inputs() else _KNOB_GEN[0]
         except ValueError:  # a bad FI_CHECK_INPUTS value: the checked path of run() reports it
             self._fast_gen = -1
 
@@ -681,7 +679,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 packed = self._kv_packed  # the previous call's cache: its fields are set
                 kv = packed[1] if key == packed[0] else seen.get(key)
                 qp = q.data_ptr()
-                if q.is_contiguous():  # dense strides pass the stride tests (_finish_cuda_plan)
+                # dense strides pass the stride tests: every CUDA head_dim (spec.HEAD_DIMS) is a
+                # multiple of 8 (test_dense_q_strides_pass_the_launch_path_tests)
+                if q.is_contiguous():
                     qs, ok = dense, not qp % 16
                 else:
                     qs = q.stride()
@@ -719,7 +719,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # query on every torch build (the CUDA build's GPU-machine torch raised Unsupported there).
         if not self._use_cuda_graph and not _compiling() and _capturing():
             raise InputError(_CAPTURE_MSG)
-        if self._fast is not None and not _check_inputs() and self._d % 8 == 0:  # FI_CHECK_INPUTS is off (again)
+        if self._fast is not None and not _check_inputs():  # FI_CHECK_INPUTS is off (again)
             self._fast_gen = _KNOB_GEN[0]
         if type(q) is not torch.Tensor or q.dtype != self._q_dtype:
             if not isinstance(q, torch.Tensor) or q.dtype != self._q_dtype:

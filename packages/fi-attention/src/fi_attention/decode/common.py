@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -10,6 +9,7 @@ import torch
 from fi_core import Backend, OpInfo, checks, register_op
 from fi_core.errors import InputError, InputTypeError
 
+from ..options import rope_options, soft_cap, softmax_scale  # noqa: F401 (shared with prefill)
 from .spec import HEAD_DIMS, POS_CODES, representative_specs
 
 Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -75,18 +75,3 @@ def scale_value(name: str, x) -> float:
         x = x.item()
     return checks.finite_float(name, x)
 
-
-def softmax_scale(sm_scale: Optional[float], head_dim: int) -> float:
-    return checks.float_option("sm_scale", sm_scale, 1.0 / math.sqrt(head_dim))
-
-
-def rope_options(rope_scale: Optional[float], rope_theta: Optional[float]) -> tuple[float, float]:
-    return (checks.float_option("rope_scale", rope_scale, 1.0, positive=True),
-            checks.float_option("rope_theta", rope_theta, 1e4, positive=True))
-
-
-def soft_cap(logits_soft_cap: Optional[float]) -> float:
-    cap = checks.float_option("logits_soft_cap", logits_soft_cap, 0.0)
-    if cap < 0:
-        raise InputError(f"logits_soft_cap must be > 0 (or None/0 to disable), got {logits_soft_cap}")
-    return cap

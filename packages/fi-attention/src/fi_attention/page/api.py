@@ -42,20 +42,11 @@ APPEND = register_op(OpInfo(
 _i32 = checks.int32_vector
 
 
-def _check_indptr(name: str, indptr: torch.Tensor, end: Optional[int] = None) -> None:
-    """indptr starts at 0, never decreases and (given ``end``) stops at or before it."""
-    if indptr.numel() == 0 or int(indptr[0]) != 0 or bool((indptr[1:] < indptr[:-1]).any()):
-        raise InputError(f"{name} must start at 0 and be non-decreasing, got {indptr.tolist()[:8]}"
-                         f"{'...' if indptr.numel() > 8 else ''}")
-    if end is not None and int(indptr[-1]) > end:
-        raise InputError(f"{name}[-1] = {int(indptr[-1])} exceeds the {end} entries it indexes")
-
-
 def _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, page_size,
                           num_pages) -> None:
     """Every appended token lands inside its request's pages, and those pages inside the cache
     (FI_CHECK_INPUTS=1 on a GPU, always on the CPU: these read device values)."""
-    _check_indptr("kv_indptr", kv_indptr, kv_indices.numel())
+    checks.indptr_values("kv_indptr", kv_indptr, kv_indices.numel(), end_name="len(kv_indices)")
     batch = kv_last_page_len.numel()
     b_lo, b_hi = int(batch_indices.min()), int(batch_indices.max())
     if b_lo < 0 or b_hi >= batch:
@@ -143,7 +134,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
                          f"entries, got {append_indptr.numel()}")
     nnz = checks.int_value("nnz (append_indptr[-1])", nnz, 0)
     if append_indptr.device.type == "cpu" or knobs.check_inputs():  # reads device values
-        _check_indptr("append_indptr", append_indptr)
+        checks.indptr_values("append_indptr", append_indptr)
         if int(append_indptr[-1]) != nnz:
             raise InputError(f"nnz must equal append_indptr[-1] = {int(append_indptr[-1])}, got {nnz}")
         short = torch.nonzero(append_indptr[1:] - append_indptr[:-1] > seq_lens)

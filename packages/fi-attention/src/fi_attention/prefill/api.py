@@ -17,8 +17,9 @@ from ..kv import check_kv_layout
 from ..reference import attention_reference
 from .backends import RUNNERS, SINGLE_PREFILL
 from .common import (Q_DTYPES, check_heads, check_options, check_rows, check_tensor,
-                     dtype_name, float_options, to_float_scale, unpack_mask)
-from .launch import PrefillCall, default_sm_scale, make_schedule, plan_for_call
+                     dtype_name, to_float_scale, unpack_mask)
+from .. import options
+from .launch import PrefillCall, make_schedule, plan_for_call
 from .packbits import packbits
 
 __all__ = ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"]
@@ -62,7 +63,7 @@ def _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_
     if q.shape[2] != kn.shape[2]:
         raise InputError(f"q and k head_dim must match, got {q.shape[2]} and {kn.shape[2]}")
     check_heads(q.shape[1], kn.shape[1])
-    check_options(pos_encoding_mode, window_left, logits_soft_cap)
+    check_options(pos_encoding_mode, window_left)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rows(name, t)
     lq, lkv = q.shape[0], kn.shape[0]
@@ -156,7 +157,8 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                        window_left, logits_soft_cap, o_dtype)
     lq, hq, dqk = q.shape
     dvo = vn.shape[2]
-    scale = default_sm_scale(dqk, sm_scale) * to_float_scale("scale_q", scale_q) * to_float_scale("scale_k", scale_k)
+    scale = (options.softmax_scale(sm_scale, dqk) * to_float_scale("scale_q", scale_q)
+             * to_float_scale("scale_k", scale_k))
     v_mul = to_float_scale("scale_v", scale_v)
     if custom_mask is not None and packed_custom_mask is None:
         packed_custom_mask = packbits(custom_mask.flatten(), bitorder="little")
@@ -166,9 +168,10 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         causal = False  # FlashInfer: a custom mask replaces the causal mask
     out = torch.empty((lq, hq, dvo), dtype=q.dtype, device=q.device)
     lse = torch.empty((lq, hq), dtype=torch.float32, device=q.device) if return_lse else None
-    soft_cap, rs, rt = float_options(logits_soft_cap, rope_scale, rope_theta)
+    cap = options.soft_cap(logits_soft_cap)
+    rs, rt = options.rope_options(rope_scale, rope_theta)
     args = (out, lse, q, k, v, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, scale,
-            int(window_left), soft_cap, rs, rt, backend)
+            int(window_left), cap, rs, rt, backend)
     if torch.compiler.is_compiling():
         torch.ops.fi_attention.single_prefill(*args)  # traced path: an opaque custom op
     else:

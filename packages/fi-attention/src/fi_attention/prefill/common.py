@@ -48,19 +48,10 @@ def check_heads(num_qo_heads: int, num_kv_heads: int) -> int:
     return num_qo_heads // num_kv_heads
 
 
-def check_options(pos_encoding_mode: str, window_left: int, logits_soft_cap: Optional[float]) -> None:
+def check_options(pos_encoding_mode: str, window_left: int) -> None:
     if pos_encoding_mode not in POS_ENCODING_MODES:
         raise InputError(f"pos_encoding_mode must be one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
     checks.int_value("window_left (-1: no window)", window_left, -1)
-    if checks.float_option("logits_soft_cap", logits_soft_cap, 0.0) < 0:
-        raise InputError(f"logits_soft_cap must be None, 0 or > 0, got {logits_soft_cap}")
-
-
-def float_options(logits_soft_cap, rope_scale, rope_theta) -> tuple[float, float, float]:
-    """(soft cap or 0.0, rope_scale, rope_theta) as checked floats."""
-    return (checks.float_option("logits_soft_cap", logits_soft_cap, 0.0),
-            checks.float_option("rope_scale", rope_scale, 1.0, positive=True),
-            checks.float_option("rope_theta", rope_theta, 1e4, positive=True))
 
 
 def check_indptr(name: str, t, length: Optional[int] = None) -> torch.Tensor:

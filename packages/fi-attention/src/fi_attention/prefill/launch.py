@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fi_core import arch_of, checks, current_stream, device_info, load
+from fi_core import arch_of, current_stream, device_info, load
 
 from ..reference import alibi_slopes
 from .plan import Plan, plan_fa2
@@ -242,7 +242,3 @@ def plan_for_call(qo_lens, kv_lens, *, device, dtype, num_kv_heads, group, head_
 def is_short(qo_lens, group: int) -> bool:
     """Whether every request packs into one narrow tile (the planner then uses that kernel)."""
     return len(qo_lens) > 0 and int(max(qo_lens)) * group <= SHORT_PACKED_ROWS
-
-
-def default_sm_scale(head_dim: int, sm_scale: Optional[float]) -> float:
-    return checks.float_option("sm_scale", sm_scale, 1.0 / math.sqrt(head_dim))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from fi_core import checks
 from fi_core.errors import InputError, InputTypeError
 
 __all__ = ["packbits", "segment_packbits"]
@@ -91,11 +92,9 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big
         raise InputError(f"x must be 1-D and indptr 1-D non-empty, got shapes {tuple(x.shape)} "
                          f"and {tuple(indptr.shape)}")
     w = _weights(bitorder, x.device)
+    checks.indptr_values("indptr", indptr, x.shape[0], end_name="len(x)")
     ind = indptr.to("cpu", torch.int64)
     lens = ind[1:] - ind[:-1]
-    if int(ind[0]) != 0 or bool((lens < 0).any()) or int(ind[-1]) > x.shape[0]:
-        raise InputError(f"indptr must start at 0, be non-decreasing and end <= len(x) "
-                         f"({x.shape[0]}), got {ind.tolist()[:8]}...")
     nbytes = (lens + 7) // 8
     new_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
     torch.cumsum(nbytes, 0, out=new_indptr[1:])

@@ -27,8 +27,9 @@ from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
 from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
 from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
-                     dtype_name, float_options, host_lengths, to_float_scale, unpack_mask)
-from .launch import (PrefillCall, default_sm_scale, grid_size, is_short, make_schedule, max_slots_for,
+                     dtype_name, host_lengths, to_float_scale, unpack_mask)
+from .. import options
+from .launch import (PrefillCall, grid_size, is_short, make_schedule, max_slots_for,
                      plan_fa2)
 from .hopper.spec import batch_visible_pairs
 from .packbits import segment_packbits
@@ -97,7 +98,7 @@ class _BatchPrefillBase:
         head_dim_qk = checks.int_value("head_dim_qk", head_dim_qk, 1)
         head_dim_vo = head_dim_qk if head_dim_vo is None else checks.int_value("head_dim_vo", head_dim_vo, 1)
         group = check_heads(num_qo_heads, num_kv_heads)
-        check_options(pos_encoding_mode, window_left, logits_soft_cap)
+        check_options(pos_encoding_mode, window_left)
         self._q_dtype = checks.dtype_value("q_data_type", q_data_type, Q_DTYPES)
         self._kv_dtype = self._q_dtype if kv_data_type is None else \
             checks.dtype_value("kv_data_type", kv_data_type, _KV_DTYPES)
@@ -108,8 +109,9 @@ class _BatchPrefillBase:
         self._max_qo_len = int(qo_lens.max()) if len(qo_lens) else 0
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = int(window_left)
-        self._soft_cap, self._rope_scale, self._rope_theta = float_options(logits_soft_cap, rope_scale, rope_theta)
-        self._sm_scale = default_sm_scale(head_dim_qk, sm_scale)
+        self._soft_cap = options.soft_cap(logits_soft_cap)
+        self._rope_scale, self._rope_theta = options.rope_options(rope_scale, rope_theta)
+        self._sm_scale = options.softmax_scale(sm_scale, head_dim_qk)
         # Custom masks: flattened [sum qo_len_i * kv_len_i] bool, packed little-endian per request.
         mask_lens = qo_lens * kv_lens
         self._mask = self._mask_indptr = None
