@@ -27,3 +27,21 @@ def rope_options(rope_scale: Optional[float], rope_theta: Optional[float]) -> tu
     """(rope_scale, rope_theta), 1.0 and 1e4 when None."""
     return (checks.float_option("rope_scale", rope_scale, 1.0, positive=True),
             checks.float_option("rope_theta", rope_theta, 1e4, positive=True))
+
+
+def check_forward_options(planned: dict, head_dim: int, **given) -> None:
+    """The legacy ``forward()`` takes the attention options FlashInfer's did, but here they are
+    fixed by ``plan()`` (``begin_forward``). Each option given (not None) must equal the planned
+    one: ignoring a different value would silently compute something else. ``planned`` maps each
+    name to plan()'s value in the form the kernels take (scales as floats, the soft cap 0.0 off)."""
+    norm = {"sm_scale": lambda v: softmax_scale(v, head_dim), "logits_soft_cap": soft_cap,
+            "rope_scale": lambda v: rope_options(v, None)[0], "rope_theta": lambda v: rope_options(None, v)[1],
+            "causal": bool}
+    for name, value in given.items():
+        if value is None:
+            continue
+        want = planned[name]
+        got = norm.get(name, lambda v: v)(value)
+        if got != want:
+            raise InputError(f"forward(): {name}={value!r} differs from the planned {want!r}; the attention "
+                             f"options are fixed by plan() (begin_forward): plan again with {name}={value!r}")

@@ -68,3 +68,25 @@ def test_merge_states_of_no_states():
     o, lse = merge_states(torch.ones(3, 0, 2, 8, dtype=torch.float16), torch.ones(3, 0, 2))
     assert o.shape == (3, 2, 8) and o.dtype == torch.float16 and torch.all(o == 0)
     assert lse.shape == (3, 2) and torch.isneginf(lse).all()
+
+
+def test_cascade_arguments_are_checked():
+    import numpy as np
+    from fi_attention import MultiLevelCascadeAttentionWrapper
+    from fi_attention.prefill import segment_packbits
+    v = torch.randn(3, 2, 8)
+    s = torch.randn(3, 2)
+    with pytest.raises(InputTypeError, match="mask must be a torch.Tensor, got list"):
+        merge_state_in_place(v, s, v.clone(), s.clone(), mask=[True, False, True])
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    assert MultiLevelCascadeAttentionWrapper(np.int64(2), ws)._num_levels == 2
+    with pytest.raises(InputError, match="num_levels must be an int >= 1, got True"):
+        MultiLevelCascadeAttentionWrapper(True, ws)
+    m = MultiLevelCascadeAttentionWrapper(2, ws)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(InputTypeError, match="qo_indptr_arr must be a list of num_levels int32 tensors, got NoneType"):
+        m.plan(None, [i32([0, 1])] * 2, [i32([0])] * 2, [i32([1])] * 2, 4, 2, 64, 4)
+    with pytest.raises(InputError, match=r"qo_indptr_arr\[0\] must be 1-D with batch \+ 1 entries"):
+        m.plan([i32([]), i32([0, 2])], [i32([0, 1])] * 2, [i32([0])] * 2, [i32([1])] * 2, 4, 2, 64, 4)
+    with pytest.raises(InputTypeError, match="indptr must be int32 or int64, got float32"):
+        segment_packbits(torch.ones(11, dtype=torch.bool), torch.tensor([0, 4.9, 11.0]))

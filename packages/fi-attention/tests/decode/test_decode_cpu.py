@@ -182,6 +182,14 @@ def test_pages_past_the_cache_rejected():
     with knobs.override(FI_CHECK_INPUTS="1"):
         with pytest.raises(InputError, match="page indices"):
             w.run(q, cache)
+    # CPU tables are checked without FI_CHECK_INPUTS (their values cost no device read); a
+    # negative id would otherwise index the cache from its end
+    with pytest.raises(InputError, match=rf"page indices must be in \[0, 8\) .*got min \d+ max {cache.shape[0] + 7}"):
+        w.run(q, cache)
+    indices[1] = -1
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16, kv_data_type=torch.float16)
+    with pytest.raises(InputError, match="got min -1"):
+        w.run(q, cache)
 
 
 def test_head_counts_and_head_dim_mismatch_rejected():
@@ -362,3 +370,40 @@ def test_workspace_buffer_checks():
     w.reset_workspace_buffer(torch.empty(64, dtype=torch.int32))  # any dtype: used as bytes
     with pytest.raises(InputError, match="must stay on the wrapper's device cpu, got meta"):
         w.reset_workspace_buffer(torch.empty(64, dtype=torch.uint8, device="meta"))
+
+
+def test_plan_and_run_arguments_are_checked():
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    with pytest.raises(InputError, match=r"indices must be 1-D, got shape \(1, "):
+        _wrapper().plan(indptr, indices[None], last, 4, 2, 16, 4)
+    with pytest.raises(InputError, match="fixed_split_size must be an int >= 0, got -1"):
+        _wrapper().plan(indptr, indices, last, 4, 2, 16, 4, fixed_split_size=-1)
+    w = _wrapper()
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16)
+    q = testing.randn((2, 4, 16), torch.float16)
+    for wl in (-2, 2.7, True, "x"):
+        with pytest.raises(InputError, match="window_left must be an int >= -1"):
+            w.run(q, cache, window_left=wl)
+    with pytest.raises(InputTypeError, match="out must be a torch.Tensor, got list"):
+        w.run(q, cache, out=[1, 2])
+    with pytest.raises(InputTypeError, match="lse must be a torch.Tensor, got list"):
+        w.run(q, cache, lse=[0.0] * 8, return_lse=True)
+
+
+def test_forward_refuses_options_that_differ_from_the_plan():
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    w = _wrapper()
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16, logits_soft_cap=30.0)
+    q = testing.randn((2, 4, 16), torch.float16)
+    ref = w.run(q, cache)
+    assert torch.equal(w.forward(q, cache), ref)
+    assert torch.equal(w.forward(q, cache, pos_encoding_mode="NONE", logits_soft_cap=30.0, sm_scale=0.25), ref)
+    assert torch.equal(w.forward(q, cache, window_left=2), w.run(q, cache, window_left=2))
+    for kw, text in (({"logits_soft_cap": 1.0}, "logits_soft_cap=1.0 differs from the planned 30.0"),
+                     ({"sm_scale": 5.0}, "sm_scale=5.0 differs from the planned 0.25"),
+                     ({"rope_theta": 5e5}, "rope_theta=500000.0 differs"),
+                     ({"pos_encoding_mode": "ALIBI"}, "pos_encoding_mode='ALIBI' differs")):
+        with pytest.raises(InputError, match=text):
+            w.forward(q, cache, **kw)
+    o, s = w.forward_return_lse(q, cache)
+    assert torch.equal(o, ref) and s.shape == (2, 4)

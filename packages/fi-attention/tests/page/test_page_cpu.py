@@ -128,3 +128,19 @@ def test_page_helpers_check_their_scalars_and_lengths():
         get_batch_indices_positions(ap, torch.tensor([2, 4], **i32), 5)
     with pytest.raises(InputError, match="append_indptr must start at 0 and be non-decreasing"):
         get_batch_indices_positions(torch.tensor([0, 3, 2], **i32), seq, 2)
+
+
+def test_last_page_len_is_checked_by_append_and_get_seq_lens():
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    cache = torch.zeros(4, 2, 4, 2, 64, dtype=torch.float16)
+    k = torch.ones(1, 2, 64, dtype=torch.float16)
+    # request 0 owns one page of 4 slots: a last_page_len of 8 would let position 5 write into the
+    # next page of the cache, another request's
+    with pytest.raises(InputError, match=r"kv_last_page_len must be in \[1, page_size=4\] .*request 0 has 8"):
+        append_paged_kv_cache(k, k, i32([0]), i32([5]), cache, i32([0, 1, 2]), i32([0, 1, 3]), i32([8, 1]))
+    assert cache.abs().sum() == 0
+    with pytest.raises(InputError, match="kv_indptr must start at 0 and be non-decreasing"):
+        get_seq_lens(i32([0, 3, 2]), i32([3, 4]), 4)
+    with pytest.raises(InputError, match="request 0 has 0"):
+        get_seq_lens(i32([0, 2, 5]), i32([0, 4]), 4)
+    assert get_seq_lens(i32([0, 0, 2]), i32([0, 3]), 4).tolist() == [0, 7]  # no pages: any value

@@ -305,3 +305,95 @@ def test_workspace_buffer_checks():
     w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64, dtype=torch.uint8))
     with pytest.raises(InputError, match="must stay on the wrapper's device cpu, got meta"):
         w.reset_workspace_buffer(torch.empty(64, dtype=torch.uint8, device="meta"))
+
+
+def _i32(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+def test_a_failed_replan_leaves_the_wrapper_unplanned():
+    """A plan() that raised must not leave half its tables behind for run() to use."""
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(_i32([0, 2, 5]), _i32([0, 4, 9]), 4, 2, 64, q_data_type=torch.float16)
+    q = torch.randn(5, 4, 64, dtype=torch.float16)
+    k, v = torch.randn(9, 2, 64, dtype=torch.float16), torch.randn(9, 2, 64, dtype=torch.float16)
+    w.run(q, k, v)
+    with pytest.raises(InputError, match="pos_encoding_mode"):
+        w.plan(_i32([0, 2, 5]), _i32([0, 1, 2]), 4, 2, 64, q_data_type=torch.float16, pos_encoding_mode="bad")
+    with pytest.raises(InputError, match="a plan\\(\\) that raised leaves the wrapper unplanned"):
+        w.run(q, k, v)
+    p = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(InputError, match="window_left"):
+        p.plan(_i32([0, 3]), _i32([0, 1]), _i32([0]), _i32([3]), 4, 2, 64, 4, window_left=-5)
+    with pytest.raises(InputError, match="call plan\\(\\) before run\\(\\)"):
+        p.run(torch.randn(3, 4, 64, dtype=torch.float16), torch.randn(2, 2, 4, 2, 64, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("change, err, text", [
+    ({"paged_kv_indices": _i32([[0, 1]])}, InputError, r"paged_kv_indices must be 1-D, got shape \(1, 2\)"),
+    ({"paged_kv_indices": torch.tensor([0.0, 1.0])}, InputTypeError, "paged_kv_indices must be int32, got float32"),
+    ({"paged_kv_last_page_len": _i32([5, 1])}, InputError,
+     r"paged_kv_last_page_len must be in \[1, page_size=4\] for every request with pages; request 0 has 5"),
+    ({"paged_kv_last_page_len": _i32([[4, 1]])}, InputError, r"paged_kv_last_page_len must be 1-D"),
+    ({"paged_kv_last_page_len": None}, InputTypeError, "paged_kv_last_page_len must be a torch.Tensor"),
+    ({"head_dim_vo": 32}, InputError, "head_dim_vo must be None or head_dim_qk = 64, got 32"),
+    ({"custom_mask": torch.zeros(2 * 4 + 1 * 1)}, InputTypeError, "custom_mask must be bool, got float32"),
+    ({"packed_custom_mask": torch.ones(1, dtype=torch.uint8)}, InputError,
+     "packed_custom_mask must hold sum.* = 2 bytes, got 1"),
+])
+def test_paged_plan_tables_and_masks_are_checked(change, err, text):
+    kw = dict(qo_indptr=_i32([0, 2, 3]), paged_kv_indptr=_i32([0, 1, 2]), paged_kv_indices=_i32([0, 1]),
+              paged_kv_last_page_len=_i32([4, 1]), num_qo_heads=4, num_kv_heads=2, head_dim_qk=64, page_size=4)
+    kw.update(change)
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(err, match=text):
+        w.plan(**kw)
+
+
+def test_paged_run_checks_the_page_ids_against_the_cache():
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    cache = torch.randn(4, 2, 4, 2, 64, dtype=torch.float16)
+    q = torch.randn(3, 4, 64, dtype=torch.float16)
+    for ids, text in (([0, -1], r"min -1 max 0"), ([0, 4], r"min 0 max 4")):
+        w.plan(_i32([0, 2, 3]), _i32([0, 1, 2]), _i32(ids), _i32([4, 1]), 4, 2, 64, 4, q_data_type=torch.float16)
+        with pytest.raises(InputError, match=r"paged_kv_indices must be in \[0, 4\) .*" + text):
+            w.run(q, cache)
+
+
+def test_forward_refuses_options_that_differ_from_the_plan():
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(_i32([0, 2, 5]), _i32([0, 4, 9]), 4, 2, 64, causal=True, q_data_type=torch.float16)
+    q = torch.randn(5, 4, 64, dtype=torch.float16)
+    k, v = torch.randn(9, 2, 64, dtype=torch.float16), torch.randn(9, 2, 64, dtype=torch.float16)
+    ref = w.run(q, k, v)
+    assert torch.equal(w.forward(q, k, v), ref)
+    assert torch.equal(w.forward(q, k, v, causal=True, sm_scale=1 / 8.0, logits_soft_cap=0.0), ref)
+    for kw, text in (({"causal": False}, "causal=False differs from the planned True"),
+                     ({"logits_soft_cap": 1.0}, "logits_soft_cap=1.0 differs from the planned 0.0"),
+                     ({"sm_scale": 5.0}, "sm_scale=5.0 differs"),
+                     ({"pos_encoding_mode": "ROPE_LLAMA"}, "pos_encoding_mode='ROPE_LLAMA' differs")):
+        with pytest.raises(InputError, match=text):
+            w.forward(q, k, v, **kw)
+    with pytest.raises(InputError, match="causal=False differs"):
+        w.forward_return_lse(q, k, v, causal=False)
+
+
+def test_run_arguments_are_checked():
+    w = BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(_i32([0, 2]), _i32([0, 3]), 4, 2, 64, q_data_type=torch.float16)
+    q = torch.randn(2, 4, 64, dtype=torch.float16)
+    k = torch.randn(3, 2, 64, dtype=torch.float16)
+    with pytest.raises(InputTypeError, match="lse must be a torch.Tensor, got list"):
+        w.run(q, k, k, lse=[0.0], return_lse=True)
+    with pytest.raises(InputError, match="enable_pdl must be None or a bool, got 'x'"):
+        w.run(q, k, k, enable_pdl="x")
+
+
+def test_single_prefill_masks_and_head_dim_are_checked():
+    q, k = torch.randn(5, 4, 64, dtype=torch.float16), torch.randn(9, 2, 64, dtype=torch.float16)
+    with pytest.raises(InputTypeError, match="custom_mask must be bool, got float32"):
+        single_prefill_with_kv_cache(q, k, k, custom_mask=torch.zeros(5, 9))
+    z = torch.randn(5, 4, 0, dtype=torch.float16)
+    with pytest.raises(InputError, match="head_dim must be >= 1"):
+        single_prefill_with_kv_cache(z, torch.randn(9, 2, 0, dtype=torch.float16), torch.randn(9, 2, 0, dtype=torch.float16))
+    assert single_prefill_with_kv_cache(q, k, k, o_dtype="float16").dtype == torch.float16

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, load, register_op
+from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, checks, load, register_op
 from fi_core.dtypes import cuda_type, tag
 from fi_core.errors import InputError, InputTypeError
 from fi_core.launch import current_stream
@@ -106,7 +106,7 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
     if v.shape != v_other.shape or v.dtype != v_other.dtype:
         raise InputError(f"v and v_other must match, got {v.dtype} {tuple(v.shape)} and "
                          f"{v_other.dtype} {tuple(v_other.shape)}")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != (v.shape[0],)):
+    if mask is not None and (checks.tensor("mask", mask).dtype != torch.bool or mask.shape != (v.shape[0],)):
         raise InputError(f"mask must be a bool tensor [{v.shape[0]}], got {mask.dtype} {tuple(mask.shape)}")
     if not _use_cuda(v):
         mv, ms = merge_state_reference(v, s, v_other, s_other)

@@ -15,8 +15,10 @@ from typing import Optional
 
 import torch
 
-from fi_core.errors import InputError
+from fi_core import checks
+from fi_core.errors import InputError, InputTypeError
 
+from ..prefill.common import check_indptr
 from ..prefill.wrappers import BatchPrefillWithPagedKVCacheWrapper
 from .merge import merge_state_in_place
 
@@ -45,9 +47,7 @@ class MultiLevelCascadeAttentionWrapper:
                  paged_kv_indptr_buf_arr: Optional[Sequence[torch.Tensor]] = None,
                  paged_kv_indices_buf_arr: Optional[Sequence[torch.Tensor]] = None,
                  paged_kv_last_page_len_buf_arr: Optional[Sequence[torch.Tensor]] = None):
-        if not isinstance(num_levels, int) or num_levels < 1:
-            raise InputError(f"num_levels must be an int >= 1, got {num_levels!r}")
-        self._num_levels = num_levels
+        num_levels = self._num_levels = checks.int_value("num_levels", num_levels, 1)
         self._kv_layout = kv_layout
 
         def buf(arr, i):
@@ -79,9 +79,15 @@ class MultiLevelCascadeAttentionWrapper:
         :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`; ``qo_indptr_arr[i][-1]`` must equal the
         number of query rows for every level."""
         arrs = (qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len)
+        names = ("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr", "paged_kv_last_page_len")
+        for name, a in zip(names, arrs):
+            if not isinstance(a, (list, tuple)):
+                raise InputTypeError(f"{name} must be a list of num_levels int32 tensors, got {type(a).__name__}")
         if any(len(a) != self._num_levels for a in arrs):
             raise InputError(f"every per-level list must have num_levels = {self._num_levels} entries, got "
                              f"{[len(a) for a in arrs]}")
+        for i, t in enumerate(qo_indptr_arr):
+            check_indptr(f"qo_indptr_arr[{i}]", t)
         totals = {int(t[-1]) for t in qo_indptr_arr}
         if len(totals) != 1:
             raise InputError(f"qo_indptr_arr[i][-1] must be the same for every level, got {sorted(totals)}")
@@ -103,8 +109,13 @@ class MultiLevelCascadeAttentionWrapper:
             merge_state_in_place(out, lse, o_i, s_i)
         return (out, lse) if return_lse else out
 
-    def forward(self, q, paged_kv_cache, **kw):
-        """Legacy alias of :meth:`run`."""
+    def forward(self, q, paged_kv_cache, causal=None, pos_encoding_mode=None, use_fp16_qk_reduction=False,
+                sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None):
+        """Legacy alias of :meth:`run`. The attention options are plan()'s: one given here must
+        equal the planned one (InputError otherwise)."""
+        # every level's wrapper was planned with the same options
+        self._wrappers[0]._check_forward_options(causal, pos_encoding_mode, sm_scale, logits_soft_cap,
+                                                 rope_scale, rope_theta)
         return self.run(q, paged_kv_cache)
 
     def end_forward(self) -> None:

@@ -25,8 +25,9 @@ import torch
 from fi_core import arch_of, checks, device_info, knobs, load
 from fi_core.errors import InputError, InputTypeError
 
-from ..kv import check_kv_layout, unpack_paged_kv_cache
+from ..kv import check_kv_layout, check_page_ids, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
+from .. import options
 from . import common
 from .launch import (CAPTURE_REFUSED, GRID_MERGE, INDICES_EARLY, OFF_KV, OFF_OPTS, OFF_RUN, OFF_SHAPE, OFF_TABLES,
                      OFF_TAIL, PACK_KV, PACK_OPTS, PACK_RUN, PACK_SHAPE, PACK_TABLES, PACK_TAIL, PDL, REFUSE_CAPTURE,
@@ -259,6 +260,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         if data_type is not None:
             q_data_type = data_type
+        if fixed_split_size is not None:
+            fixed_split_size = checks.int_value("fixed_split_size", fixed_split_size, 0)
         # A small MHA batch may take another kernel (spec.MHA_RING_MAX_UNITS): its own _Options,
         # module and planner. The last field only splits the key; _Options ignores it.
         key = (num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left,
@@ -285,9 +288,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 and self._plan_staged(o, indptr, indices, last_page_len, fixed_split_size, disable_split_kv)):
             return
         h_indptr, h_last = host_tables(indptr, last_page_len)
-        if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
-            raise InputTypeError("indices must be an int32 tensor, got "
-                                 f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
+        checks.int32_vector("indices", indices)
         lens = request_lengths(h_indptr, h_last, o.ps, indices.numel(), lengths=False)  # None: not uniform
         batch = h_last.shape[0]
         if self._use_cuda_graph and batch != self._fixed_batch:
@@ -732,20 +733,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         sm_mul = 1.0 if q_scale is None else common.scale_value("q_scale", q_scale)
         ks = 1.0 if k_scale is None else common.scale_value("k_scale", k_scale)
         vs = 1.0 if v_scale is None else common.scale_value("v_scale", v_scale)
-        wl = self._window_left if window_left is None else int(window_left)
+        wl = self._window_left if window_left is None else checks.int_value("window_left", window_left, -1)
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        elif (out.dtype != q.dtype or out.shape != self._q_shape or out.stride(-1) != 1
+        elif (checks.tensor("out", out).dtype != q.dtype or out.shape != self._q_shape or out.stride(-1) != 1
               or out.device != q.device):
             raise InputError(f"out must be {q.dtype} {tuple(q.shape)} on {q.device} with a contiguous last "
                              f"dim, got {out.dtype} {tuple(out.shape)} on {out.device} strides {out.stride()}")
         if return_lse and lse is None:
             lse = torch.empty((self._batch, self._hq), dtype=torch.float32, device=q.device)
-        if lse is not None and (lse.shape != (self._batch, self._hq) or lse.dtype != torch.float32
+        if lse is not None and (checks.tensor("lse", lse).shape != (self._batch, self._hq) or lse.dtype != torch.float32
                                 or not lse.is_contiguous() or lse.device != q.device):
             raise InputError(f"lse must be a contiguous float32 [{self._batch}, {self._hq}] tensor on "
                              f"{q.device}, got {lse.dtype} {tuple(lse.shape)} on {lse.device}")
-        if _check_inputs():
+        # a CPU table's values cost no device read (the reference on CPU would index with them)
+        if _check_inputs() or (self._impl != "cuda" and q.device.type == "cpu" and not _compiling()):
             self._check_pages(kv[1])
         if _compiling():
             cache_a, cache_b = (paged_kv_cache, None) if isinstance(paged_kv_cache, torch.Tensor) \
@@ -839,10 +841,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 table = self._staging.device_buf[off: off + nnz]
         else:
             table = self._indices_in
-        used = table[: int(self._host_tables()[0][-1])] if self._batch else table[:0]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
-            raise InputError(f"page indices must be in [0, {num_pages}) (the cache's page count), "
-                             f"got min {int(used.min())} max {int(used.max())}")
+        check_page_ids("page indices", table[: int(self._host_tables()[0][-1])] if self._batch else table[:0],
+                       num_pages)
 
     def _run_reference(self, q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse):
         o, s = batch_decode_reference(
@@ -855,15 +855,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if lse is not None:
             lse.copy_(s)
 
-    def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale=None,
-                k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
-                rope_scale=None, rope_theta=None):
-        """Legacy alias of run(); the attention options come from begin_forward/plan."""
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    def forward(self, q, paged_kv_cache, pos_encoding_mode: Optional[str] = None, q_scale=None,
+                k_scale=None, v_scale=None, window_left: Optional[int] = None, logits_soft_cap=None,
+                sm_scale=None, rope_scale=None, rope_theta=None, return_lse: bool = False):
+        """Legacy alias of run(). The attention options are begin_forward's / plan()'s: one given
+        here must equal the planned one (InputError otherwise); ``window_left`` overrides as in
+        run()."""
+        if not self._planned:
+            raise InputError("run() called before plan()")
+        options.check_forward_options(
+            {"pos_encoding_mode": self._pos, "logits_soft_cap": self._cap, "sm_scale": self._sm_scale,
+             "rope_scale": self._rope_scale, "rope_theta": self._rope_theta}, self._d,
+            pos_encoding_mode=pos_encoding_mode, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+            rope_scale=rope_scale, rope_theta=rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                        window_left=window_left, return_lse=return_lse)
 
     def forward_return_lse(self, q, paged_kv_cache, **kw):
-        return self.run(q, paged_kv_cache, q_scale=kw.get("q_scale"), k_scale=kw.get("k_scale"),
-                        v_scale=kw.get("v_scale"), return_lse=True)
+        return self.forward(q, paged_kv_cache, return_lse=True, **kw)
 
     def end_forward(self) -> None:
         """Legacy no-op."""

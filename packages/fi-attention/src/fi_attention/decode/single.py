@@ -94,8 +94,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     common.heads(hq, hkv)
     if q.shape[1] != d:
         raise InputError(f"q head_dim ({q.shape[1]}) must equal k's head_dim ({d})")
-    if kv_len < 1:
-        raise InputError(f"kv_len must be >= 1, got {kv_len}")
+    if kv_len < 1 or d < 1:
+        raise InputError(f"kv_len and head_dim must be >= 1, got {kv_len} and {d}")
     scale = common.softmax_scale(sm_scale, d) * common.scale_value("q_scale", q_scale)
     ks, vs = common.scale_value("k_scale", k_scale), common.scale_value("v_scale", v_scale)
     cap = common.soft_cap(logits_soft_cap)

@@ -13,7 +13,7 @@ from fi_core.dtypes import cuda_type, tag
 from fi_core.errors import InputError, InputTypeError
 from fi_core.launch import current_stream
 
-from ..kv import KV_DTYPES, unpack_paged_kv_cache
+from ..kv import KV_DTYPES, check_last_page_len, unpack_paged_kv_cache
 from ..reference import paged_kv_halves
 
 _HERE = Path(__file__).resolve().parent
@@ -53,6 +53,7 @@ def _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_la
         raise InputError(f"batch_indices must be in [0, {batch}) (the page table's requests), got "
                          f"[{b_lo}, {b_hi}]")
     pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
+    check_last_page_len("kv_last_page_len", kv_last_page_len, pages, page_size)
     seq = torch.clamp(pages - 1, min=0) * page_size + torch.where(pages > 0, kv_last_page_len.long(), 0)
     b = batch_indices.long()
     bad = torch.nonzero((positions < 0) | (positions.long() >= seq[b]))
@@ -95,6 +96,9 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
         raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
                          f"entries, got {kv_indptr.numel()}")
     pages = kv_indptr[1:] - kv_indptr[:-1]
+    if kv_indptr.device.type == "cpu" or knobs.check_inputs():  # reads device values
+        checks.indptr_values("kv_indptr", kv_indptr)
+        check_last_page_len("kv_last_page_len", kv_last_page_len, pages, page_size)
     return (torch.clamp(pages - 1, min=0) * page_size + kv_last_page_len).to(torch.int32)
 
 

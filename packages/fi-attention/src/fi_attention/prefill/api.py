@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from fi_core import checks
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..kv import check_kv_layout
@@ -62,13 +63,15 @@ def _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_
         raise InputError(f"k and v must agree in (kv_len, num_kv_heads), got {tuple(kn.shape)} and {tuple(vn.shape)}")
     if q.shape[2] != kn.shape[2]:
         raise InputError(f"q and k head_dim must match, got {q.shape[2]} and {kn.shape[2]}")
+    if q.shape[2] < 1 or vn.shape[2] < 1:
+        raise InputError(f"head_dim must be >= 1, got q/k {q.shape[2]} and v {vn.shape[2]}")
     check_heads(q.shape[1], kn.shape[1])
     check_options(pos_encoding_mode, window_left)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_rows(name, t)
     lq, lkv = q.shape[0], kn.shape[0]
     if custom_mask is not None:
-        check_tensor("custom_mask", custom_mask, 2)
+        check_tensor("custom_mask", custom_mask, 2, (torch.bool,))
         if tuple(custom_mask.shape) != (lq, lkv):
             raise InputError(f"custom_mask must be [qo_len, kv_len] = [{lq}, {lkv}], got {tuple(custom_mask.shape)}")
     if packed_custom_mask is not None:
@@ -77,7 +80,7 @@ def _validate(q, k, v, kv_layout, custom_mask, packed_custom_mask, pos_encoding_
         if packed_custom_mask.numel() < need:
             raise InputError(f"packed_custom_mask needs {need} bytes for a {lq} x {lkv} mask, "
                              f"got {packed_custom_mask.numel()}")
-    if o_dtype is not None and o_dtype != q.dtype:
+    if o_dtype is not None and checks.dtype_value("o_dtype", o_dtype, (*Q_DTYPES, torch.float32)) != q.dtype:
         raise UnsupportedError(f"o_dtype must be None or q.dtype ({dtype_name(q.dtype)}), got {o_dtype}")
     return kn, vn
 

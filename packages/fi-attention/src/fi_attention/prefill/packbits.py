@@ -91,6 +91,8 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big
     if x.dim() != 1 or indptr.dim() != 1 or indptr.numel() < 1:
         raise InputError(f"x must be 1-D and indptr 1-D non-empty, got shapes {tuple(x.shape)} "
                          f"and {tuple(indptr.shape)}")
+    if indptr.dtype not in (torch.int32, torch.int64):
+        raise InputTypeError(f"indptr must be int32 or int64, got {str(indptr.dtype).replace('torch.', '')}")
     w = _weights(bitorder, x.device)
     checks.indptr_values("indptr", indptr, x.shape[0], end_name="len(x)")
     ind = indptr.to("cpu", torch.int64)

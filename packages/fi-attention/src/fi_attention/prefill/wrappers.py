@@ -19,11 +19,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fi_core import checks
+from fi_core import checks, knobs
 from fi_core.errors import InputError, UnsupportedError
 from fi_core.launch import capturing, is_capturing
 
-from ..kv import check_kv_layout, unpack_paged_kv_cache
+from ..kv import check_kv_layout, check_last_page_len, check_page_ids, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
 from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
 from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
@@ -97,6 +97,9 @@ class _BatchPrefillBase:
         num_kv_heads = checks.int_value("num_kv_heads", num_kv_heads, 1)
         head_dim_qk = checks.int_value("head_dim_qk", head_dim_qk, 1)
         head_dim_vo = head_dim_qk if head_dim_vo is None else checks.int_value("head_dim_vo", head_dim_vo, 1)
+        if self._paged and head_dim_vo != head_dim_qk:
+            raise InputError(f"a paged cache holds K and V of one head_dim: head_dim_vo must be None or "
+                             f"head_dim_qk = {head_dim_qk}, got {head_dim_vo}")
         group = check_heads(num_qo_heads, num_kv_heads)
         check_options(pos_encoding_mode, window_left)
         self._q_dtype = checks.dtype_value("q_data_type", q_data_type, Q_DTYPES)
@@ -117,7 +120,7 @@ class _BatchPrefillBase:
         self._mask = self._mask_indptr = None
         if custom_mask is not None or packed_custom_mask is not None:
             if packed_custom_mask is None:
-                check_tensor("custom_mask", custom_mask, 1)
+                check_tensor("custom_mask", custom_mask, 1, (torch.bool,))
                 if custom_mask.numel() != int(mask_lens.sum()):
                     raise InputError(f"custom_mask must hold sum(qo_len * kv_len) = {int(mask_lens.sum())} "
                                      f"entries, got {custom_mask.numel()}")
@@ -129,6 +132,9 @@ class _BatchPrefillBase:
                 check_tensor("packed_custom_mask", packed_custom_mask, 1, (torch.uint8,))
                 mask_indptr = torch.zeros(len(mask_lens) + 1, dtype=torch.int32)
                 mask_indptr[1:] = torch.cumsum((mask_lens + 7) // 8, 0)
+                if packed_custom_mask.numel() < int(mask_indptr[-1]):
+                    raise InputError(f"packed_custom_mask must hold sum(ceil(qo_len * kv_len / 8)) = "
+                                     f"{int(mask_indptr[-1])} bytes, got {packed_custom_mask.numel()}")
             causal = False  # FlashInfer: a custom mask replaces the causal mask
             self._mask_host = (packed_custom_mask, mask_indptr.cpu())
             self._mask = self._to_dev("custom_mask", packed_custom_mask, self._custom_mask_buf, non_blocking)
@@ -227,13 +233,25 @@ class _BatchPrefillBase:
 
     begin_forward = None  # set below (legacy alias of plan)
 
+    def _check_forward_options(self, causal, pos_encoding_mode, sm_scale, logits_soft_cap, rope_scale,
+                               rope_theta) -> None:
+        if not self._planned:
+            raise InputError("call plan() before run() (a plan() that raised leaves the wrapper unplanned)")
+        options.check_forward_options(
+            {"causal": self._causal, "pos_encoding_mode": self._pos_encoding_mode, "sm_scale": self._sm_scale,
+             "logits_soft_cap": self._soft_cap, "rope_scale": self._rope_scale, "rope_theta": self._rope_theta},
+            self._dqk, causal=causal, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
+            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta)
+
     def end_forward(self) -> None:
         """Legacy no-op."""
 
     # ---- run ----------------------------------------------------------------------------
-    def _check_q_out(self, q, out, lse, return_lse):
+    def _check_q_out(self, q, out, lse, return_lse, enable_pdl):
         if not self._planned:
-            raise InputError("call plan() before run()")
+            raise InputError("call plan() before run() (a plan() that raised leaves the wrapper unplanned)")
+        if enable_pdl is not None and not isinstance(enable_pdl, bool):
+            raise InputError(f"enable_pdl must be None or a bool, got {enable_pdl!r}")
         check_tensor("q", q, 3, Q_DTYPES)
         if tuple(q.shape) != (self._nnz_qo, self._num_qo_heads, self._dqk):
             raise InputError(f"q must be [qo_indptr[-1], num_qo_heads, head_dim_qk] = "
@@ -257,8 +275,8 @@ class _BatchPrefillBase:
         if return_lse or lse is not None:
             if lse is None:
                 lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
-            elif (tuple(lse.shape) != shape[:2] or lse.dtype != torch.float32 or not lse.is_contiguous()
-                  or lse.device != q.device):
+            elif (tuple(checks.tensor("lse", lse).shape) != shape[:2] or lse.dtype != torch.float32
+                  or not lse.is_contiguous() or lse.device != q.device):
                 raise InputError(f"lse must be contiguous float32 {list(shape[:2])} on {q.device}, got "
                                  f"{dtype_name(lse.dtype)} {tuple(lse.shape)} on {lse.device}")
         return out, lse
@@ -327,6 +345,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         """Schedule a batch: ``qo_indptr``/``kv_indptr`` int32 ``[batch + 1]`` (CSR rows of q and
         k/v). Options as :func:`single_prefill_with_kv_cache`; ``custom_mask`` is the
         concatenation of every request's flattened ``[qo_len, kv_len]`` bool mask."""
+        self._planned = False  # until this plan is complete: a failed one leaves no stale state
         check_indptr("qo_indptr", qo_indptr)
         check_indptr("kv_indptr", kv_indptr, qo_indptr.numel())
         qo_h, kv_h = qo_indptr.cpu(), kv_indptr.cpu()
@@ -343,7 +362,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             lse: Optional[torch.Tensor] = None, return_lse: bool = False, enable_pdl=None):
         """``q [nnz_qo, H_qo, D_qk]``, ``k [nnz_kv, H_kv, D_qk]``, ``v [nnz_kv, H_kv, D_vo]``
         (HND: heads first) -> ``out [nnz_qo, H_qo, D_vo]`` (+ base-2 ``lse [nnz_qo, H_qo]``)."""
-        out, lse = self._check_q_out(q, out, lse, return_lse)
+        out, lse = self._check_q_out(q, out, lse, return_lse, enable_pdl)
         self._note_capture()
         check_tensor("k", k, 3)
         check_tensor("v", v, 3)
@@ -380,13 +399,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
     def run_return_lse(self, q, k, v, **kw):
         return self.run(q, k, v, return_lse=True, **kw)
 
-    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-                sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None):
-        """Legacy API: options must match the ones given to plan/begin_forward."""
-        return self.run(q, k, v)
+    def forward(self, q, k, v, causal=None, pos_encoding_mode=None, use_fp16_qk_reduction=False,
+                sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None, return_lse=False):
+        """Legacy alias of run(). The attention options are begin_forward's / plan()'s: one given
+        here must equal the planned one (InputError otherwise)."""
+        self._check_forward_options(causal, pos_encoding_mode, sm_scale, logits_soft_cap, rope_scale, rope_theta)
+        return self.run(q, k, v, return_lse=return_lse)
 
     def forward_return_lse(self, q, k, v, **kw):
-        return self.run(q, k, v, return_lse=True)
+        return self.forward(q, k, v, return_lse=True, **kw)
 
     begin_forward = plan
 
@@ -434,19 +455,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
              rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
              q_data_type="float16", kv_data_type=None, non_blocking: bool = True) -> None:
         """Schedule a batch over a paged cache (see the class docstring for the index format)."""
+        self._planned = False  # until this plan is complete: a failed one leaves no stale state
         check_indptr("qo_indptr", qo_indptr)
         check_indptr("paged_kv_indptr", paged_kv_indptr, qo_indptr.numel())
-        check_indptr("paged_kv_last_page_len", paged_kv_last_page_len, qo_indptr.numel() - 1) \
-            if qo_indptr.numel() > 1 else None
-        if not isinstance(paged_kv_indices, torch.Tensor) or paged_kv_indices.dtype != torch.int32:
-            raise InputError("paged_kv_indices must be an int32 tensor")
+        checks.int32_vector("paged_kv_last_page_len", paged_kv_last_page_len)
+        if paged_kv_last_page_len.numel() != qo_indptr.numel() - 1:
+            raise InputError(f"paged_kv_last_page_len must have batch = {qo_indptr.numel() - 1} entries, got "
+                             f"{paged_kv_last_page_len.numel()}")
+        checks.int32_vector("paged_kv_indices", paged_kv_indices)
         page_size = checks.int_value("page_size", page_size, 1)
         qo_h, kv_h, last_h = qo_indptr.cpu(), paged_kv_indptr.cpu(), paged_kv_last_page_len.cpu().to(torch.int64)
         qo_lens = host_lengths("qo_indptr", qo_h)
         pages = host_lengths("paged_kv_indptr", kv_h)
-        if bool(((pages > 0) & ((last_h < 1) | (last_h > page_size))).any()):
-            raise InputError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] "
-                             "for requests with pages")
+        check_last_page_len("paged_kv_last_page_len", last_h, pages, page_size)
         kv_lens = torch.where(pages > 0, (pages - 1) * page_size + last_h, torch.zeros_like(pages))
         if paged_kv_indices.numel() < int(kv_h[-1]):
             raise InputError(f"paged_kv_indices has {paged_kv_indices.numel()} entries, "
@@ -468,7 +489,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             return_lse: bool = False, enable_pdl=None):
         """``q [nnz_qo, H_qo, D_qk]`` over the cache -> ``out [nnz_qo, H_qo, D_vo]`` (+ ``lse``).
         ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the output."""
-        out, lse = self._check_q_out(q, out, lse, return_lse)
+        out, lse = self._check_q_out(q, out, lse, return_lse, enable_pdl)
         self._note_capture()
         kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
         if kv.page_size != self._page_size or kv.num_kv_heads != self._num_kv_heads or kv.head_dim != self._dqk:
@@ -478,6 +499,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise InputError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from "
                              f"plan ({dtype_name(self._kv_dtype)})")
         ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
+        if q.device.type == "cpu" or knobs.check_inputs():  # reads the page ids (on a GPU: a sync)
+            check_page_ids("paged_kv_indices", self._kv_indices_dev[: int(self._kv_indptr_host[-1])], kv.num_pages)
         if q.device.type == "cpu":
             self._reference_rows(
                 q, lambda b: gather_paged_kv(paged_kv_cache, self._kv_indptr_host, self._kv_indices_host,
@@ -501,12 +524,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     def run_return_lse(self, q, paged_kv_cache, **kw):
         return self.run(q, paged_kv_cache, return_lse=True, **kw)
 
-    def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-                k_scale=None, v_scale=None, sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None):
-        """Legacy API: options must match the ones given to plan/begin_forward."""
-        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
+    def forward(self, q, paged_kv_cache, causal=None, pos_encoding_mode=None, use_fp16_qk_reduction=False,
+                k_scale=None, v_scale=None, sm_scale=None, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+                return_lse=False):
+        """Legacy alias of run(). The attention options are begin_forward's / plan()'s: one given
+        here must equal the planned one (InputError otherwise)."""
+        self._check_forward_options(causal, pos_encoding_mode, sm_scale, logits_soft_cap, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
 
     def forward_return_lse(self, q, paged_kv_cache, **kw):
-        return self.run(q, paged_kv_cache, return_lse=True)
+        return self.forward(q, paged_kv_cache, return_lse=True, **kw)
 
     begin_forward = plan
