@@ -319,6 +319,31 @@ def test_paged_matches_ragged(page_size, layout, as_tensor):
     testing.assert_close(lse_r, ref_lse, **LSE_TOL)
 
 
+def test_paged_page_ids_checked_with_fi_check_inputs():
+    """Page ids past the cache raise before the launch when FI_CHECK_INPUTS=1 (a device read);
+    a plan() that raised leaves the wrapper unplanned on the GPU too."""
+    from fi_core import knobs
+    from fi_core.errors import InputError
+    qo, kv = [3, 5], [20, 40]
+    q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=3)
+    (kc, vc), indptr, indices, last = _paged(kv, k, v, 16, "NHD", seed=3)
+    bad = indices.clone()
+    bad[2] = kc.shape[0]
+    p = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=BACKEND)
+    with _backend_may_refuse():
+        p.plan(_indptr(qo), indptr, bad.cuda(), last, 8, 2, 128, 16, causal=True, q_data_type=torch.bfloat16)
+        with knobs.override(FI_CHECK_INPUTS="1"):
+            with pytest.raises(InputError, match=rf"paged_kv_indices must be in \[0, {kc.shape[0]}\)"):
+                p.run(q, (kc, vc))
+        with pytest.raises(InputError, match="window_left"):
+            p.plan(_indptr(qo), indptr, indices.cuda(), last, 8, 2, 128, 16, window_left=-3)
+        with pytest.raises(InputError, match="call plan"):
+            p.run(q, (kc, vc))
+        p.plan(_indptr(qo), indptr, indices.cuda(), last, 8, 2, 128, 16, causal=True, q_data_type=torch.bfloat16)
+        ref, _ = _per_request_ref(q, k, v, qo, kv, causal=True)
+        _close(p.run(q, (kc, vc)), ref, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dqk,dvo,page_size,feature", [
     (64, 64, 5, None), (256, 256, 5, None), (128, 128, 7, "window_softcap"), (128, 128, 3, "hnd_noncausal")])
 def test_paged_head_dims_odd_pages_features(dqk, dvo, page_size, feature):
