@@ -95,7 +95,7 @@ def test_wrapper_validation_messages():
     w.plan(i32([0, 5]), i32([0, 9]), 4, 2, 64, q_data_type=BF16)
     with pytest.raises(InputError, match=r"q must be \[qo_indptr\[-1\]"):
         w.run(q[:4], k, v)
-    with pytest.raises(InputError, match="k/v dtype"):
+    with pytest.raises(InputTypeError, match="k/v dtype"):
         w.run(q, k.half(), v.half())
     p = BatchPrefillWithPagedKVCacheWrapper(ws)
     with pytest.raises(InputError, match="last_page_len"):
@@ -387,6 +387,10 @@ def test_run_arguments_are_checked():
         w.run(q, k, k, lse=[0.0], return_lse=True)
     with pytest.raises(InputError, match="enable_pdl must be None or a bool, got 'x'"):
         w.run(q, k, k, enable_pdl="x")
+    with pytest.raises(InputTypeError, match="q dtype bfloat16 differs from plan"):
+        w.run(q.bfloat16(), k, k)
+    with pytest.raises(InputTypeError, match="k/v dtype must be float16"):
+        w.run(q, k.bfloat16(), k.bfloat16())
 
 
 def test_single_prefill_masks_and_head_dim_are_checked():

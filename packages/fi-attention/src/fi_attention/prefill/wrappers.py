@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fi_core import checks, knobs
-from fi_core.errors import InputError, UnsupportedError
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_core.launch import capturing, is_capturing
 
 from ..kv import check_kv_layout, check_last_page_len, check_page_ids, unpack_paged_kv_cache
@@ -257,7 +257,7 @@ class _BatchPrefillBase:
             raise InputError(f"q must be [qo_indptr[-1], num_qo_heads, head_dim_qk] = "
                              f"[{self._nnz_qo}, {self._num_qo_heads}, {self._dqk}], got {tuple(q.shape)}")
         if q.dtype != self._q_dtype:
-            raise InputError(f"q dtype {dtype_name(q.dtype)} differs from "
+            raise InputTypeError(f"q dtype {dtype_name(q.dtype)} differs from "
                              f"plan(q_data_type={dtype_name(self._q_dtype)})")
         if q.device != self.device:
             raise InputError(f"q is on {q.device}, the workspace on {self.device}")
@@ -375,7 +375,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             raise InputError(f"v must be [{kn.shape[0]}, {self._num_kv_heads}, {self._dvo}] (NHD view), "
                              f"got {tuple(vn.shape)}")
         if k.dtype != self._kv_dtype or v.dtype != self._kv_dtype:
-            raise InputError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), "
+            raise InputTypeError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), "
                              f"got {dtype_name(k.dtype)}/{dtype_name(v.dtype)}")
         check_rows("k", k)
         check_rows("v", v)
@@ -496,7 +496,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise InputError(f"paged_kv_cache has page_size {kv.page_size}, {kv.num_kv_heads} kv heads, head_dim "
                              f"{kv.head_dim}; plan() was given {self._page_size}, {self._num_kv_heads}, {self._dqk}")
         if kv.dtype != self._kv_dtype:
-            raise InputError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from "
+            raise InputTypeError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from "
                              f"plan ({dtype_name(self._kv_dtype)})")
         ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
         if q.device.type == "cpu" or knobs.check_inputs():  # reads the page ids (on a GPU: a sync)
