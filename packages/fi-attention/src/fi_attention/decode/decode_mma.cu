@@ -297,22 +297,6 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 }
 
 #if FI_MMA_VARIANT == 3
-// FI_MMA_L2HINT=128 / 256 (A/B builds only, tools/ab_decode.py MMA_L2HINT=N): the ring's copies
-// carry cp.async's L2 prefetch-size hint. 0 (shipped): none, the same code as fi::cp_async_16
-// (tools/same_code.py). Prepared in session 36 without a GPU: not measured yet.
-#ifndef FI_MMA_L2HINT
-#define FI_MMA_L2HINT 0
-#endif
-__device__ __forceinline__ void ring_copy(uint32_t dst, const void* src) {
-#if FI_MMA_L2HINT == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#elif FI_MMA_L2HINT == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#else
-  fi::cp_async_16(dst, src);
-#endif
-}
-
 // One warp's cp.async ring (see "Shared-memory ring"). The warp's n-th tile (tokens lo +
 // 16 (warp + NW n) + 0..15) goes to slot n % STAGES and is commit group n of every lane.
 extern __shared__ __align__(128) uint8_t ring_smem[];
@@ -384,8 +368,8 @@ struct WarpRing {
 #pragma unroll
       for (int i = 0; i < CROWS; ++i) {
         const uint32_t dst = st + ring_off(crow(i), ch);
-        ring_copy(dst, ks + int64_t(RPI * i) * int(p.k_st));
-        ring_copy(dst + 16 * ROW, vs + int64_t(RPI * i) * int(p.v_st));
+        fi::cp_async_16(dst, ks + int64_t(RPI * i) * int(p.k_st));
+        fi::cp_async_16(dst + 16 * ROW, vs + int64_t(RPI * i) * int(p.v_st));
       }
       return;
     }
@@ -394,8 +378,8 @@ struct WarpRing {
       const KVT* ks = kc + row_off(pg[i], of[i], p.k_sp, p.k_st);
       const KVT* vs = vc + row_off(pg[i], of[i], p.v_sp, p.v_st);
       const uint32_t dst = st + ring_off(crow(i), ch);
-      ring_copy(dst, ks);
-      ring_copy(dst + 16 * ROW, vs);
+      fi::cp_async_16(dst, ks);
+      fi::cp_async_16(dst + 16 * ROW, vs);
     }
   }
 
