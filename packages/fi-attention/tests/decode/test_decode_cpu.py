@@ -407,3 +407,15 @@ def test_forward_refuses_options_that_differ_from_the_plan():
             w.forward(q, cache, **kw)
     o, s = w.forward_return_lse(q, cache)
     assert torch.equal(o, ref) and s.shape == (2, 4)
+
+
+def test_a_strided_head_dim_is_refused_on_cpu_as_on_the_gpu():
+    cache, indptr, indices, last = make_batch([5, 9], 4, 2, 16)
+    w = _wrapper()
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16)
+    q = testing.randn((2, 4, 32), torch.float16)[..., ::2]
+    with pytest.raises(InputError, match="q must be contiguous in its last dimension"):
+        w.run(q, cache)
+    k = testing.randn((9, 2, 32), torch.float16)
+    with pytest.raises(InputError, match="k must be contiguous in its last dimension"):
+        single_decode_with_kv_cache(testing.randn((4, 16), torch.float16), k[..., ::2], k[..., ::2].contiguous())

@@ -729,6 +729,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.shape != self._q_shape:
             raise InputError(f"q must have shape [{self._batch}, {self._hq}, {self._d}] (batch, "
                              f"num_qo_heads, head_dim as planned), got {tuple(q.shape)}")
+        checks.last_dim_contiguous("q", q)  # the kernels' layout rule, on every device
         kv = self._kv_view(paged_kv_cache)
         sm_mul = 1.0 if q_scale is None else common.scale_value("q_scale", q_scale)
         ks = 1.0 if k_scale is None else common.scale_value("k_scale", k_scale)

@@ -127,6 +127,8 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
         st = _STATE[key] = _single_state(key)
     backend, launch, template, plan, mod, _meta = st
     if backend != "cuda":
+        for name, t in (("q", q), ("k", k), ("v", v)):  # the kernels' layout rule, on every device
+            checks.last_dim_contiguous(name, t)
         kn, vn = (k, v) if kv_layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
         o, s = attention_reference(q[None], kn, vn, sm_scale=scale, logits_soft_cap=cap or None,
                                    window_left=wl, pos_encoding_mode=pos_encoding_mode,
