@@ -63,3 +63,12 @@ def test_indptr_values():
         checks.indptr_values("p", i32([0, 5]), 4)
     with pytest.raises(InputError, match="p must start at 0 and be non-decreasing, got \\[\\]"):
         checks.indptr_values("p", i32([]))
+
+
+def test_index_values():
+    checks.index_values("ids", torch.tensor([0, 3, 1]), 4)
+    checks.index_values("ids", torch.tensor([], dtype=torch.int32), 0)
+    with pytest.raises(InputError, match=r"^ids must be in \[0, 4\) \(the cache\), got \[-1, 3\]$"):
+        checks.index_values("ids", torch.tensor([3, -1]), 4, " (the cache)")
+    with pytest.raises(InputError, match=r"got \[0, 4\]"):
+        checks.index_values("ids", torch.tensor([0, 4]), 4)

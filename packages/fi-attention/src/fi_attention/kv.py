@@ -43,18 +43,7 @@ def check_last_page_len(name: str, last_page_len: torch.Tensor, pages: torch.Ten
     bad = torch.nonzero((pages > 0) & ((last < 1) | (last > page_size)))
     if bad.numel():
         i = int(bad[0, 0])
-        raise InputError(f"{name} must be in [1, page_size={page_size}] for every request with pages; "
-                         f"request {i} has {int(last[i])}")
-
-
-def check_page_ids(name: str, page_ids: torch.Tensor, num_pages: int) -> None:
-    """Page ids a plan uses (``indices[:indptr[-1]]``) lie inside the cache: [0, num_pages).
-    Reads the values: host tensors, or FI_CHECK_INPUTS=1."""
-    if page_ids.numel():
-        lo, hi = int(page_ids.min()), int(page_ids.max())
-        if lo < 0 or hi >= num_pages:
-            raise InputError(f"{name} must be in [0, {num_pages}) (the cache's page count), got min {lo} "
-                             f"max {hi}")
+        raise InputError(f"{name} must be in [1, page_size={page_size}]; request {i} has {int(last[i])}")
 
 
 @dataclass(frozen=True)

@@ -184,11 +184,11 @@ def test_pages_past_the_cache_rejected():
             w.run(q, cache)
     # CPU tables are checked without FI_CHECK_INPUTS (their values cost no device read); a
     # negative id would otherwise index the cache from its end
-    with pytest.raises(InputError, match=rf"page indices must be in \[0, 8\) .*got min \d+ max {cache.shape[0] + 7}"):
+    with pytest.raises(InputError, match=rf"page indices must be in \[0, 8\) \(the cache's page count\), got \[\d+, {cache.shape[0] + 7}\]"):
         w.run(q, cache)
     indices[1] = -1
     w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float16, kv_data_type=torch.float16)
-    with pytest.raises(InputError, match="got min -1"):
+    with pytest.raises(InputError, match=r"got \[-1, "):
         w.run(q, cache)
 
 

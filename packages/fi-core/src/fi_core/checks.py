@@ -114,6 +114,16 @@ def indptr_values(name: str, t: torch.Tensor, end: Optional[int] = None, exact: 
                          f"{ind.tolist()[:8]}{'...' if ind.numel() > 8 else ''}")
 
 
+def index_values(name: str, t: torch.Tensor, high: int, what: str = "") -> None:
+    """Every value of an index tensor lies in [0, ``high``) (``what`` says what ``high`` counts,
+    e.g. " (the cache's page count)"). Reads the values, so on a GPU tensor it synchronises:
+    callers run it on host tensors, or on device ones with FI_CHECK_INPUTS=1."""
+    if t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= high:
+            raise InputError(f"{name} must be in [0, {high}){what}, got [{lo}, {hi}]")
+
+
 def dtype_value(name: str, value, allowed: Sequence[torch.dtype]) -> torch.dtype:
     """A dtype argument (a torch.dtype or its name, e.g. ``"bf16"``) that must be one of ``allowed``."""
     try:

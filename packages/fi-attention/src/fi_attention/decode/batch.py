@@ -25,7 +25,7 @@ import torch
 from fi_core import arch_of, checks, device_info, knobs, load
 from fi_core.errors import InputError, InputTypeError
 
-from ..kv import check_kv_layout, check_page_ids, unpack_paged_kv_cache
+from ..kv import check_kv_layout, unpack_paged_kv_cache
 from ..reference import batch_decode_reference
 from .. import options
 from . import common
@@ -729,7 +729,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.shape != self._q_shape:
             raise InputError(f"q must have shape [{self._batch}, {self._hq}, {self._d}] (batch, "
                              f"num_qo_heads, head_dim as planned), got {tuple(q.shape)}")
-        checks.last_dim_contiguous("q", q)  # the kernels' layout rule, on every device
         kv = self._kv_view(paged_kv_cache)
         sm_mul = 1.0 if q_scale is None else common.scale_value("q_scale", q_scale)
         ks = 1.0 if k_scale is None else common.scale_value("k_scale", k_scale)
@@ -760,6 +759,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def _run_core(self, q, paged_kv_cache, kv, sm_mul, ks, vs, wl, out, lse, pdl=True):
         if self._impl != "cuda" or q.device.type != "cuda":
+            checks.last_dim_contiguous("q", q)  # the kernels' layout rule (_launch tests it there)
             self._run_reference(q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse)
         else:
             self._launch(q, kv, sm_mul, ks, vs, wl, out, lse, pdl)
@@ -842,8 +842,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 table = self._staging.device_buf[off: off + nnz]
         else:
             table = self._indices_in
-        check_page_ids("page indices", table[: int(self._host_tables()[0][-1])] if self._batch else table[:0],
-                       num_pages)
+        checks.index_values("page indices", table[: int(self._host_tables()[0][-1])] if self._batch else table[:0],
+                            num_pages, " (the cache's page count)")
 
     def _run_reference(self, q, paged_kv_cache, sm_mul, ks, vs, wl, out, lse):
         o, s = batch_decode_reference(

@@ -18,6 +18,7 @@ import torch
 from fi_core import checks
 from fi_core.errors import InputError
 
+from ..kv import check_last_page_len
 from .planner import const_i64, kv_lengths
 
 
@@ -133,8 +134,4 @@ def _check_table(indptr: np.ndarray, min_pages: int, num_indices: int) -> None:
 def _bad_last_page_len(pages: np.ndarray, last_page_len: np.ndarray, page_size: int) -> None:
     """Raise for the first request with pages whose last_page_len is out of range; a request
     without pages may carry any value."""
-    bad = (pages > 0) & ((last_page_len < 1) | (last_page_len > page_size))
-    if np.any(bad):
-        i = int(np.nonzero(bad)[0][0])
-        raise InputError(f"last_page_len must be in [1, page_size={page_size}]; request {i} has "
-                         f"{last_page_len[i]}")
+    check_last_page_len("last_page_len", torch.tensor(last_page_len), torch.tensor(pages), page_size)

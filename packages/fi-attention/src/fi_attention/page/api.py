@@ -47,11 +47,7 @@ def _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_la
     """Every appended token lands inside its request's pages, and those pages inside the cache
     (FI_CHECK_INPUTS=1 on a GPU, always on the CPU: these read device values)."""
     checks.indptr_values("kv_indptr", kv_indptr, kv_indices.numel(), end_name="len(kv_indices)")
-    batch = kv_last_page_len.numel()
-    b_lo, b_hi = int(batch_indices.min()), int(batch_indices.max())
-    if b_lo < 0 or b_hi >= batch:
-        raise InputError(f"batch_indices must be in [0, {batch}) (the page table's requests), got "
-                         f"[{b_lo}, {b_hi}]")
+    checks.index_values("batch_indices", batch_indices, kv_last_page_len.numel(), " (the page table's requests)")
     pages = (kv_indptr[1:] - kv_indptr[:-1]).long()
     check_last_page_len("kv_last_page_len", kv_last_page_len, pages, page_size)
     seq = torch.clamp(pages - 1, min=0) * page_size + torch.where(pages > 0, kv_last_page_len.long(), 0)
@@ -62,10 +58,8 @@ def _check_append_targets(batch_indices, positions, kv_indices, kv_indptr, kv_la
         raise InputError(f"positions must lie in [0, seq_len) of their request (the page table is the one "
                          f"after the append); token {i} of request {int(b[i])} has position "
                          f"{int(positions[i])}, its length is {int(seq[b[i]])}")
-    ids = kv_indices[kv_indptr[:-1].long()[b] + positions.long() // page_size]
-    if int(ids.min()) < 0 or int(ids.max()) >= num_pages:
-        raise InputError(f"page indices of appended tokens must be in [0, {num_pages}), got "
-                         f"[{int(ids.min())}, {int(ids.max())}]")
+    page_ids = kv_indices[kv_indptr[:-1].long()[b] + positions.long() // page_size]
+    checks.index_values("page indices of appended tokens", page_ids, num_pages)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from fi_core import checks, knobs
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_core.launch import capturing, is_capturing
 
-from ..kv import check_kv_layout, check_last_page_len, check_page_ids, unpack_paged_kv_cache
+from ..kv import check_kv_layout, check_last_page_len, unpack_paged_kv_cache
 from ..reference import attention_reference, gather_paged_kv
 from .backends import PAGED_PREFILL, RAGGED_PREFILL, RUNNERS
 from .common import (Q_DTYPES, check_heads, check_indptr, check_options, check_rows, check_tensor,
@@ -500,7 +500,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                              f"plan ({dtype_name(self._kv_dtype)})")
         ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
         if q.device.type == "cpu" or knobs.check_inputs():  # reads the page ids (on a GPU: a sync)
-            check_page_ids("paged_kv_indices", self._kv_indices_dev[: int(self._kv_indptr_host[-1])], kv.num_pages)
+            checks.index_values("paged_kv_indices", self._kv_indices_dev[: int(self._kv_indptr_host[-1])],
+                                kv.num_pages, " (the cache's page count)")
         if q.device.type == "cpu":
             self._reference_rows(
                 q, lambda b: gather_paged_kv(paged_kv_cache, self._kv_indptr_host, self._kv_indices_host,

@@ -255,10 +255,8 @@ def _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, inp
     if rd <= 0 or rd % 2 != 0 or rd > head_size:
         raise InputError(f"cos_sin_cache must have shape [max_pos, rotary_dim] with rotary_dim even "
                          f"and <= head_size={head_size}, got {tuple(cos_sin_cache.shape)}")
-    if knobs.check_inputs() and positions.numel() > 0:
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= cos_sin_cache.shape[0]:
-            raise InputError(f"positions must be in [0, {cos_sin_cache.shape[0]}), got [{lo}, {hi}]")
+    if knobs.check_inputs():
+        checks.index_values("positions", positions, cos_sin_cache.shape[0])
     return _run(query, key, inplace, pos_ids=positions, cos_sin_cache=cos_sin_cache,
                 head_size=head_size if query.dim() == 2 else 0, rotary_dim=rd,
                 interleave=not is_neox)
