@@ -237,6 +237,9 @@ def test_cuda_graph_replan_keeps_every_address(sim):
     assert sim.counts["table_copies"] == 2 and w._h_indptr is None
     with pytest.raises(InputError, match="built for batch 4"):
         w.plan(*tables([5, 5]), HQ, HKV, D, PS, q_data_type=BF16)
+    with pytest.raises(InputError, match="before plan"):  # the failed plan left it unplanned
+        w.run(q, cache_for(bufs[1]), out=out)
+    w.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type=BF16)
     sim.capturing = True  # a graph wrapper may be captured
     w.run(q, cache_for(bufs[1]), out=out)
 

@@ -54,6 +54,8 @@ def _check_state(vn: str, v: torch.Tensor, sn: str, s: torch.Tensor, nd: int) ->
                          f"{vn} {tuple(v.shape)}, {sn} {tuple(s.shape)}")
     if v.stride(-1) != 1:
         raise InputError(f"{vn} must be contiguous in head_dim, got strides {v.stride()}")
+    if s.device != v.device:
+        raise InputError(f"{sn} must be on {vn}'s device {v.device}, got {s.device}")
 
 
 def _use_cuda(v: torch.Tensor) -> bool:
@@ -83,9 +85,9 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     """
     _check_state("v_a", v_a, "s_a", s_a, 3)
     _check_state("v_b", v_b, "s_b", s_b, 3)
-    if v_a.shape != v_b.shape or v_a.dtype != v_b.dtype:
-        raise InputError(f"v_a and v_b must match, got {v_a.dtype} {tuple(v_a.shape)} and "
-                         f"{v_b.dtype} {tuple(v_b.shape)}")
+    if v_a.shape != v_b.shape or v_a.dtype != v_b.dtype or v_a.device != v_b.device:
+        raise InputError(f"v_a and v_b must match, got {v_a.dtype} {tuple(v_a.shape)} on {v_a.device} and "
+                         f"{v_b.dtype} {tuple(v_b.shape)} on {v_b.device}")
     if not _use_cuda(v_a):
         return merge_state_reference(v_a, s_a, v_b, s_b)
     v = torch.empty_like(v_a, memory_format=torch.contiguous_format)
@@ -103,11 +105,13 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
     (bool) is False are left unchanged. Shapes as in :func:`merge_state`."""
     _check_state("v", v, "s", s, 3)
     _check_state("v_other", v_other, "s_other", s_other, 3)
-    if v.shape != v_other.shape or v.dtype != v_other.dtype:
-        raise InputError(f"v and v_other must match, got {v.dtype} {tuple(v.shape)} and "
-                         f"{v_other.dtype} {tuple(v_other.shape)}")
-    if mask is not None and (checks.tensor("mask", mask).dtype != torch.bool or mask.shape != (v.shape[0],)):
-        raise InputError(f"mask must be a bool tensor [{v.shape[0]}], got {mask.dtype} {tuple(mask.shape)}")
+    if v.shape != v_other.shape or v.dtype != v_other.dtype or v.device != v_other.device:
+        raise InputError(f"v and v_other must match, got {v.dtype} {tuple(v.shape)} on {v.device} and "
+                         f"{v_other.dtype} {tuple(v_other.shape)} on {v_other.device}")
+    if mask is not None and (checks.tensor("mask", mask).dtype != torch.bool or mask.shape != (v.shape[0],)
+                             or mask.device != v.device):
+        raise InputError(f"mask must be a bool tensor [{v.shape[0]}] on {v.device}, got {mask.dtype} "
+                         f"{tuple(mask.shape)} on {mask.device}")
     if not _use_cuda(v):
         mv, ms = merge_state_reference(v, s, v_other, s_other)
         if mask is None:

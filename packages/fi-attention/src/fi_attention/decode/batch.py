@@ -258,6 +258,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         ``indptr [B+1]``, ``indices [nnz_pages]``, ``last_page_len [B]`` are int32 (CPU tensors
         avoid a device read). ``fixed_split_size`` is a chunk length in pages.
         """
+        self._planned = False  # until this plan is complete: a failed one leaves no stale plan
+        self._fast = None
+        self._fast_gen = -1
         if data_type is not None:
             q_data_type = data_type
         if fixed_split_size is not None:
@@ -326,9 +329,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._batch = batch
         self._q_shape = torch.Size((batch, o.hq, o.d))
         self._indices_in = indices
-        self._planned = False  # until this plan is complete: a failed one leaves no stale state
-        self._fast = None
-        self._fast_gen = -1
         geometry = (o.hkv, o.d, o.ps, o.kv_dtype)
         if geometry != self._kv_geometry:  # caches validated for another geometry must be re-checked
             self._kv_seen = {}
@@ -729,6 +729,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if q.shape != self._q_shape:
             raise InputError(f"q must have shape [{self._batch}, {self._hq}, {self._d}] (batch, "
                              f"num_qo_heads, head_dim as planned), got {tuple(q.shape)}")
+        if self._foreign(q):
+            raise InputError(f"q is on {q.device}, the wrapper's workspace on {self._device}")
         kv = self._kv_view(paged_kv_cache)
         sm_mul = 1.0 if q_scale is None else common.scale_value("q_scale", q_scale)
         ks = 1.0 if k_scale is None else common.scale_value("k_scale", k_scale)
@@ -764,6 +766,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             self._launch(q, kv, sm_mul, ks, vs, wl, out, lse, pdl)
 
+    def _foreign(self, t: torch.Tensor) -> bool:
+        """t is not on the wrapper's device. By index, as the launch path compares (CPU: -1), so
+        that decode.hostsim's CPU tensors pass on its simulated cuda:0; a meta tensor is never an
+        input."""
+        return t.get_device() != self._dev_index or t.is_meta
+
     def _kv_view(self, paged_kv_cache):
         """((k_ptr, k page/token/head strides, v_ptr, v strides), num_pages) of a validated cache.
         Validation and view creation cost several microseconds, so the result is remembered per
@@ -778,6 +786,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if hit is not None:
             return hit
         kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        if self._foreign(kv.k):  # a kernel given host pointers faults and takes the context with it
+            raise InputError(f"paged_kv_cache is on {kv.device}, the wrapper's workspace on {self._device}")
         if kv.num_kv_heads != self._hkv or kv.head_dim != self._d or kv.page_size != self._ps:
             raise InputError(f"paged_kv_cache has (page_size, num_kv_heads, head_dim) = "
                              f"({kv.page_size}, {kv.num_kv_heads}, {kv.head_dim}), planned "

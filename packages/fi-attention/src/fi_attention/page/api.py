@@ -86,6 +86,7 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
     _i32("kv_indptr", kv_indptr)
     _i32("kv_last_page_len", kv_last_page_len)
     page_size = checks.int_value("page_size", page_size, 1)
+    checks.same_device(kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len)
     if kv_indptr.numel() != kv_last_page_len.numel() + 1:
         raise InputError(f"kv_indptr must have len(kv_last_page_len) + 1 = {kv_last_page_len.numel() + 1} "
                          f"entries, got {kv_indptr.numel()}")
@@ -127,6 +128,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     """
     _i32("append_indptr", append_indptr)
     _i32("seq_lens", seq_lens)
+    checks.same_device(append_indptr=append_indptr, seq_lens=seq_lens)
     if append_indptr.numel() != seq_lens.numel() + 1:
         raise InputError(f"append_indptr must have len(seq_lens) + 1 = {seq_lens.numel() + 1} "
                          f"entries, got {append_indptr.numel()}")
@@ -185,6 +187,13 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
             raise InputError(f"{name} must be [nnz, {kv.num_kv_heads}, {kv.head_dim}], got {tuple(t.shape)}")
         if t.stride(-1) != 1:
             raise InputError(f"{name} must be contiguous in head_dim, got strides {t.stride()}")
+    # A kernel given a host pointer faults and takes the CUDA context with it: one device for all.
+    dev = kv.device
+    if any(t.device != dev for t in (append_key, append_value, batch_indices, positions, kv_indices, kv_indptr,
+                                     kv_last_page_len)):
+        checks.same_device(paged_kv_cache=kv.k, append_key=append_key, append_value=append_value,
+                           batch_indices=batch_indices, positions=positions, kv_indices=kv_indices,
+                           kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len)
     nnz = append_key.shape[0]
     if append_value.shape[0] != nnz or batch_indices.numel() != nnz or positions.numel() != nnz:
         raise InputError(f"append_key, append_value, batch_indices and positions must have nnz rows, got "

@@ -377,6 +377,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         if k.dtype != self._kv_dtype or v.dtype != self._kv_dtype:
             raise InputTypeError(f"k/v dtype must be {dtype_name(self._kv_dtype)} (plan), "
                              f"got {dtype_name(k.dtype)}/{dtype_name(v.dtype)}")
+        if k.device != q.device or v.device != q.device:
+            raise InputError(f"k and v must be on q's device {q.device}, got {k.device} and {v.device}")
         check_rows("k", k)
         check_rows("v", v)
         if q.device.type == "cpu":
@@ -498,6 +500,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         if kv.dtype != self._kv_dtype:
             raise InputTypeError(f"paged_kv_cache dtype {dtype_name(kv.dtype)} differs from "
                              f"plan ({dtype_name(self._kv_dtype)})")
+        if kv.device != q.device:
+            raise InputError(f"paged_kv_cache must be on q's device {q.device}, got {kv.device}")
         ks, vs = to_float_scale("k_scale", k_scale), to_float_scale("v_scale", v_scale)
         if q.device.type == "cpu" or knobs.check_inputs():  # reads the page ids (on a GPU: a sync)
             checks.index_values("paged_kv_indices", self._kv_indices_dev[: int(self._kv_indptr_host[-1])],
