@@ -72,3 +72,13 @@ def test_index_values():
         checks.index_values("ids", torch.tensor([3, -1]), 4, " (the cache)")
     with pytest.raises(InputError, match=r"got \[0, 4\]"):
         checks.index_values("ids", torch.tensor([0, 4]), 4)
+
+
+def test_same_device():
+    a, b = torch.zeros(2), torch.zeros(3)
+    assert checks.same_device(a=a, b=b, c=None) == torch.device("cpu")
+    with pytest.raises(InputError, match="a on cpu, b on meta"):
+        checks.same_device(a=a, b=b.to("meta"))
+    # a non-tensor is named as such, not an AttributeError on .device
+    with pytest.raises(InputTypeError, match="out must be a torch.Tensor, got float"):
+        checks.same_device(a=a, out=1.0)

@@ -60,7 +60,9 @@ def _check_shape(name: str, t: torch.Tensor, expected: Sequence[Optional[int]], 
 
 
 def same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
-    devs = {k: v.device for k, v in tensors.items() if v is not None}
+    """The one device of the named tensors (None entries skipped). A non-tensor raises
+    InputTypeError; tensors on different devices raise InputError naming each one's device."""
+    devs = {k: tensor(k, v).device for k, v in tensors.items() if v is not None}
     uniq = set(devs.values())
     if len(uniq) > 1:
         detail = ", ".join(f"{k} on {d}" for k, d in devs.items())
