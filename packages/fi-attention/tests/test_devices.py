@@ -68,7 +68,7 @@ def test_batch_decode(dev, other):
         w.run(q, cache.to(other))
     with pytest.raises(InputError, match="paged_kv_cache is on"):
         w.run(q, (cache[:, 0].to(other), cache[:, 1].to(other)))
-    out = w.run(q, cache)  # the wrapper still works, and its fast path after a checked call too
+    out = w.run(q, cache)  # the wrapper still works (on a GPU the repeat call takes the launch path)
     testing.assert_close(w.run(q, cache), out, atol=0, rtol=0)
     with pytest.raises(InputError, match="q is on"):
         w.run(q.to(other), cache)
@@ -139,7 +139,8 @@ def test_merge(dev, other):
 
 def test_batch_decode_failed_plan_leaves_it_unplanned():
     """A plan() that raises must not leave the previous plan in force (the README's contract):
-    run() then refuses, on the checked path and the fast path alike."""
+    run() then refuses. The launch path's side (a wrapper whose repeat calls skip the checks) is
+    test_decode_hostpath.py::test_cuda_graph_replan_keeps_every_address."""
     indptr, indices, last, cache = _paged("cpu")
     w = BatchDecodeWithPagedKVCacheWrapper(_workspace("cpu"))
     q = testing.randn((2, HQ, D), BF16)
