@@ -83,8 +83,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if k.dtype not in common.KV_DTYPES or v.dtype != k.dtype:
         raise InputTypeError(f"k and v must share a dtype among float16, bfloat16, float8_e4m3fn, "
                              f"float8_e5m2, got {k.dtype} and {v.dtype}")
-    if not q.device == k.device == v.device:
-        checks.same_device(q=q, k=k, v=v)
+    checks.same_device(q=q, k=k, v=v)
     if q.dim() != 2 or k.dim() != 3 or v.shape != k.shape:
         raise InputError(f"expected q [Hq, D] and k, v [L, Hkv, D] ({kv_layout}) of equal shapes, got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")

@@ -188,12 +188,9 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
         if t.stride(-1) != 1:
             raise InputError(f"{name} must be contiguous in head_dim, got strides {t.stride()}")
     # A kernel given a host pointer faults and takes the CUDA context with it: one device for all.
-    dev = kv.device
-    if any(t.device != dev for t in (append_key, append_value, batch_indices, positions, kv_indices, kv_indptr,
-                                     kv_last_page_len)):
-        checks.same_device(paged_kv_cache=kv.k, append_key=append_key, append_value=append_value,
-                           batch_indices=batch_indices, positions=positions, kv_indices=kv_indices,
-                           kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len)
+    checks.same_device(paged_kv_cache=kv.k, append_key=append_key, append_value=append_value,
+                       batch_indices=batch_indices, positions=positions, kv_indices=kv_indices,
+                       kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len)
     nnz = append_key.shape[0]
     if append_value.shape[0] != nnz or batch_indices.numel() != nnz or positions.numel() != nnz:
         raise InputError(f"append_key, append_value, batch_indices and positions must have nnz rows, got "
