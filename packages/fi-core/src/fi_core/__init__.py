@@ -8,7 +8,7 @@ from .errors import (
     KernelUnavailableError, NoGPUError, ReferenceFallbackWarning, UnsupportedError,
 )
 from .jit import Entry, KernelSpec, Module, build_many, load, load_many
-from .launch import current_stream
+from .launch import current_stream, on_device
 from .registry import Backend, OpInfo, register_op
 
 __all__ = [
@@ -16,5 +16,5 @@ __all__ = [
     "FIError", "GPUArchitectureError", "InputError", "InputTypeError", "KernelSpec",
     "KernelUnavailableError", "Module", "NoGPUError", "OpInfo", "ReferenceFallbackWarning",
     "UnsupportedError", "__version__", "arch_of", "build_many", "current_stream", "device_info",
-    "has_gpu", "load", "load_many", "parse_arch_list", "register_op",
+    "has_gpu", "load", "load_many", "on_device", "parse_arch_list", "register_op",
 ]

@@ -5,6 +5,8 @@ These sit on every op's hot path, so they avoid torch's Python-level stream obje
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 try:  # the raw-handle accessor costs ~0.2 us; torch.cuda.current_stream() builds an object
@@ -48,6 +50,29 @@ def current_stream(device: torch.device | int | None = None) -> int:
     if _raw_stream is not None:
         return _raw_stream(idx)
     return torch.cuda.current_stream(idx).cuda_stream  # pragma: no cover
+
+
+# current_device() -> torch's current CUDA device index, without torch.cuda.current_device()'s
+# lazy-init test (launch paths hold CUDA tensors, so CUDA is initialised): for fast paths that
+# compare it with the device they were planned for. -1 on torch builds without CUDA.
+current_device = torch._C._cuda_getDevice if torch.version.cuda else (-1).__int__
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def on_device(device: torch.device | int) -> contextlib.AbstractContextManager:
+    """``with on_device(t.device): launch(...)``: make the tensors' GPU torch's current device for
+    a launch, and restore the caller's afterwards.
+
+    A launcher enqueues its kernels on the current device's context, so tensors on another GPU
+    (cuda:1 while cuda:0 is current) would be read by a kernel on the wrong GPU: an illegal
+    address or a stream from another context. Every launch of a kernel module sits in this
+    context. When the device is already current (the common case) it returns a shared no-op
+    context, about 0.1 us; else torch.cuda.device(index).
+    """
+    idx = device.index if isinstance(device, torch.device) else device
+    if idx is None or idx < 0 or idx == current_device():  # < 0: no CUDA device (host simulation)
+        return _SAME_DEVICE
+    return torch.cuda.device(idx)
 
 
 def ptr(t: torch.Tensor | None) -> int | None:

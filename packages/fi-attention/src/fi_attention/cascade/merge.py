@@ -12,7 +12,7 @@ import torch
 from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, checks, load, register_op
 from fi_core.dtypes import cuda_type, tag
 from fi_core.errors import InputError, InputTypeError
-from fi_core.launch import current_stream
+from fi_core.launch import current_stream, on_device
 
 from ..reference import merge_state_reference, merge_states_reference
 
@@ -131,10 +131,11 @@ def _merge_two(va, sa, vb, sb, vo, so, mask):
     mod = load(merge_spec(va.dtype, arch_of(va.device)))
     L, H, D = va.shape
     m = None if mask is None else mask.to(torch.uint8)
-    mod.fi_merge_two(va.data_ptr(), va.stride(0), va.stride(1), sa.data_ptr(), sa.stride(0), sa.stride(1),
-                     vb.data_ptr(), vb.stride(0), vb.stride(1), sb.data_ptr(), sb.stride(0), sb.stride(1),
-                     vo.data_ptr(), vo.stride(0), vo.stride(1), so.data_ptr(), so.stride(0), so.stride(1),
-                     None if m is None else m.data_ptr(), L, H, D, current_stream(va.device))
+    with on_device(va.device):
+        mod.fi_merge_two(va.data_ptr(), va.stride(0), va.stride(1), sa.data_ptr(), sa.stride(0), sa.stride(1),
+                         vb.data_ptr(), vb.stride(0), vb.stride(1), sb.data_ptr(), sb.stride(0), sb.stride(1),
+                         vo.data_ptr(), vo.stride(0), vo.stride(1), so.data_ptr(), so.stride(0), so.stride(1),
+                         None if m is None else m.data_ptr(), L, H, D, current_stream(va.device))
 
 
 def merge_states(v: torch.Tensor, s: torch.Tensor):
@@ -168,9 +169,10 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
 def _merge_n(v, s, vo, so):
     L, N, H, D = v.shape
     mod = load(merge_spec(v.dtype, arch_of(v.device)))
-    mod.fi_merge_n(v.data_ptr(), v.stride(0), v.stride(1), v.stride(2), s.data_ptr(), s.stride(0),
-                   s.stride(1), s.stride(2), vo.data_ptr(), so.data_ptr(), L, N, H, D,
-                   current_stream(v.device))
+    with on_device(v.device):
+        mod.fi_merge_n(v.data_ptr(), v.stride(0), v.stride(1), v.stride(2), s.data_ptr(), s.stride(0),
+                       s.stride(1), s.stride(2), vo.data_ptr(), so.data_ptr(), L, N, H, D,
+                       current_stream(v.device))
 
 
 # ---- torch custom ops (torch.compile traces through these; eager calls skip the dispatcher) ----

@@ -22,7 +22,8 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, checks, device_info, knobs, load
+from fi_core import arch_of, checks, device_info, knobs, load, on_device
+from fi_core.launch import current_device as _current_device
 from fi_core.errors import InputError, InputTypeError
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
@@ -393,9 +394,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 idx_copy = (xb.data_ptr(), indices.data_ptr(), 4 * indices.numel())
             else:  # the page ids are already in the graph buffer
                 idx_copy = (0, 0, 0)
-            rc = self._mod.fn("fi_copy_tables").raw(ib.data_ptr(), base + 4 * off_indptr, 4 * (batch + 1),
-                                                    lb.data_ptr(), base + 4 * off_last, 4 * batch, *idx_copy,
-                                                    raw_stream(self._dev_index))
+            with on_device(self._dev_index):
+                rc = self._mod.fn("fi_copy_tables").raw(ib.data_ptr(), base + 4 * off_indptr, 4 * (batch + 1),
+                                                        lb.data_ptr(), base + 4 * off_last, 4 * batch, *idx_copy,
+                                                        raw_stream(self._dev_index))
             if rc:
                 raise self._mod.error(rc, "fi_copy_tables")
             self._d_indices = xb
@@ -671,6 +673,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)):
             q_dtype, q_shape, dev, seen, a, addr, launch, dense = self._fast
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
+                    and _current_device() == dev  # else the checked path launches under a device guard
                     and (k_scale is None or (type(k_scale) is float and k_scale - k_scale == 0.0))  # finite
                     and (v_scale is None or (type(v_scale) is float and v_scale - v_scale == 0.0))
                     and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape
@@ -829,7 +832,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not pdl:
             a.flags = self._flags & ~PDL
         try:
-            rc = self._mod_launch(self._args_addr)
+            with on_device(self._dev_index):
+                rc = self._mod_launch(self._args_addr)
         finally:
             if own_tail:
                 PACK_TAIL(a, OFF_TAIL, *tail)

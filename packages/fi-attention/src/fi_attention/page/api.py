@@ -11,7 +11,7 @@ import torch
 from fi_core import Arch, Backend, Entry, KernelSpec, OpInfo, arch_of, checks, knobs, load, register_op
 from fi_core.dtypes import cuda_type, tag
 from fi_core.errors import InputError, InputTypeError
-from fi_core.launch import current_stream
+from fi_core.launch import current_stream, on_device
 
 from ..kv import KV_DTYPES, check_last_page_len, unpack_paged_kv_cache
 from ..reference import paged_kv_halves
@@ -227,13 +227,14 @@ def _append_core(append_key, append_value, batch_indices, positions, cache_a, ca
         if t.data_ptr() % 16 or (t.stride(0) * es) % 16 or (t.stride(1) * es) % 16 or (kv.head_dim * es) % 16:
             raise InputError(f"{name} rows must be 16-byte aligned for vector copies, got strides {t.stride()}")
     mod = load(append_spec(kv.dtype, arch_of(kv.device)))
-    mod.fi_append_paged_kv_cache(
-        append_key.data_ptr(), append_key.stride(0), append_key.stride(1),
-        append_value.data_ptr(), append_value.stride(0), append_value.stride(1),
-        batch_indices.data_ptr(), positions.data_ptr(),
-        kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides,
-        kv_indices.data_ptr(), kv_indptr.data_ptr(), nnz, kv.page_size, kv.num_kv_heads,
-        kv.head_dim, current_stream(kv.device))
+    with on_device(kv.device):
+        mod.fi_append_paged_kv_cache(
+            append_key.data_ptr(), append_key.stride(0), append_key.stride(1),
+            append_value.data_ptr(), append_value.stride(0), append_value.stride(1),
+            batch_indices.data_ptr(), positions.data_ptr(),
+            kv.k_ptr(), *kv.k_strides, kv.v_ptr(), *kv.v_strides,
+            kv_indices.data_ptr(), kv_indptr.data_ptr(), nnz, kv.page_size, kv.num_kv_heads,
+            kv.head_dim, current_stream(kv.device))
 
 
 @torch.library.custom_op("fi_attention::append_paged_kv_cache", mutates_args=("cache_a", "cache_b"))

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fi_core import arch_of, current_stream, device_info, load
+from fi_core import arch_of, current_stream, device_info, load, on_device
 
 from ..reference import alibi_slopes
 from .plan import Plan, plan_fa2
@@ -221,7 +221,8 @@ def run_fa2(c: PrefillCall) -> None:
     if softcap:
         fp[_FP["SOFTCAP_PRE"]] = c.sm_scale / c.logits_soft_cap
         fp[_FP["SOFTCAP_POST"]] = c.logits_soft_cap * LOG2E
-    mod.fi_prefill_fa2(ip.ctypes.data, fp.ctypes.data, current_stream(c.q.device))
+    with on_device(c.q.device):
+        mod.fi_prefill_fa2(ip.ctypes.data, fp.ctypes.data, current_stream(c.q.device))
 
 
 def plan_for_call(qo_lens, kv_lens, *, device, dtype, num_kv_heads, group, head_dim_qk,

@@ -9,7 +9,7 @@ import torch
 
 from ..arch import Arch, arch_of
 from ..jit import Entry, KernelSpec, load
-from ..launch import current_stream
+from ..launch import current_stream, on_device
 
 _HERE = Path(__file__).resolve().parent
 
@@ -41,7 +41,8 @@ def axpb(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
     x = x.contiguous()
     y = torch.empty_like(x)
     mod = load(selftest_spec(arch_of(x.device)))
-    mod.fi_selftest_axpb(y.data_ptr(), x.data_ptr(), a, b, x.numel(), current_stream(x.device))
+    with on_device(x.device):
+        mod.fi_selftest_axpb(y.data_ptr(), x.data_ptr(), a, b, x.numel(), current_stream(x.device))
     return y
 
 

@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, device_info, load, register_op
-from fi_core.launch import CallMemo, raw_stream
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, device_info, load, on_device, register_op
+from fi_core.launch import CallMemo, current_device, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .. import tuning
@@ -247,16 +247,18 @@ def _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev) -> Non
     sa = scale_a.data_ptr() if scale_a is not None else None
     sb = scale_b.data_ptr() if scale_b is not None else None
     bp = bias.data_ptr() if bias is not None else None
-    if name == "gemv":
-        mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
-                    lda, ldw, ldo, bsa, bsw, bso, stream)
-    elif name == "cutlass_sm80":
-        mod.fi_gemm_sm80(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
-                         lda, ldw, ldo, bsa, bsw, bso, stream)
-    else:
+    if name == "cutlass_sm90":
         ws, ws_bytes = _workspace(mod, M, N, K, L, dev, stream)
-        mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
-                         lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)
+    with on_device(dev):
+        if name == "gemv":
+            mod.fi_gemv(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                        lda, ldw, ldo, bsa, bsw, bso, stream)
+        elif name == "cutlass_sm80":
+            mod.fi_gemm_sm80(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                             lda, ldw, ldo, bsa, bsw, bso, stream)
+        else:
+            mod.fi_gemm_sm90(out.data_ptr(), a.data_ptr(), w.data_ptr(), bp, sa, sb, M, N, K, L,
+                             lda, ldw, ldo, bsa, bsw, bso, ws, ws_bytes, stream)
 
 
 # ---- autotuning (fi_gemm.autotune) ----------------------------------------------------------
@@ -454,9 +456,10 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
         hit = _FAST.get(_mm_key(a, b, out_dtype, backend))
         if hit is not None and not (a.data_ptr() % 16 or b.data_ptr() % 16) and not _compiling():
             fn, shape, dev, args = hit
-            out = torch.empty(shape, dtype=out_dtype, device=dev)
-            fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), None, None, None, *args, raw_stream(dev))
-            return out
+            if dev == current_device():  # else the checked path launches under a device guard
+                out = torch.empty(shape, dtype=out_dtype, device=dev)
+                fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), None, None, None, *args, raw_stream(dev))
+                return out
     allocated = out is None
     checks.tensor("a", a)
     checks.tensor("b", b)
@@ -578,10 +581,11 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
         hit = _FAST.get(_bmm_fp8_key(A, B, A_scale, B_scale, dtype, backend))
         if hit is not None and not (A.data_ptr() % 16 or B.data_ptr() % 16) and not _compiling():
             fn, shape, dev, args = hit
-            out = torch.empty(shape, dtype=dtype, device=dev)
-            fn(out.data_ptr(), A.data_ptr(), B.data_ptr(), None, A_scale.data_ptr(), B_scale.data_ptr(),
-               *args, raw_stream(dev))
-            return out
+            if dev == current_device():  # else the checked path launches under a device guard
+                out = torch.empty(shape, dtype=dtype, device=dev)
+                fn(out.data_ptr(), A.data_ptr(), B.data_ptr(), None, A_scale.data_ptr(), B_scale.data_ptr(),
+                   *args, raw_stream(dev))
+                return out
     allocated = out is None
     checks.tensor("A", A)
     checks.tensor("B", B)

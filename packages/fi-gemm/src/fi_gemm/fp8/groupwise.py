@@ -20,8 +20,8 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
-from fi_core.launch import CallMemo, raw_stream
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
+from fi_core.launch import CallMemo, current_device, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import FP8, gemv_spec
@@ -206,8 +206,9 @@ def _gemm_dispatch(out, a, b, sa, sb, backend):
             ws, ws_bytes = buf.data_ptr(), buf.numel()
         dims = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k,
                 out.stride(0) if m > 1 else n, ldsfa)
-        mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
-                                   sfb.data_ptr(), *dims, ws, ws_bytes, current_stream(a.device))
+        with on_device(a.device):
+            mod.fi_gemm_blockwise_sm90(out.data_ptr(), a.data_ptr(), b.data_ptr(), sfa.data_ptr(),
+                                       sfb.data_ptr(), *dims, ws, ws_bytes, current_stream(a.device))
         return None if copied else ("sm90", mod.fi_gemm_blockwise_sm90, dims, need)
     args = (m, n, k, a.stride(0) if m > 1 else k, b.stride(0) if n > 1 else k, out.stride(0) if m > 1 else n,
             sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
@@ -215,7 +216,8 @@ def _gemm_dispatch(out, a, b, sa, sb, backend):
         fn = load(blockwise_sm89_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device))).fi_gemm_blockwise_sm89
     else:
         fn = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device))).fi_gemv_blockscaled
-    fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr(), *args, current_stream(a.device))
+    with on_device(a.device):
+        fn(out.data_ptr(), a.data_ptr(), b.data_ptr(), sa.data_ptr(), sb.data_ptr(), *args, current_stream(a.device))
     return "gemv", fn, args, 0
 
 
@@ -287,7 +289,9 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
                                      or b_scale.data_ptr() % 16) and not _compiling()):
             kind, fn, shape, dev, args, need = hit
             ws = None
-            if kind == "sm90":
+            if dev != current_device():  # another GPU than the current one: the checked path guards it
+                hit = None
+            elif kind == "sm90":
                 ws = _WS.get(dev) if need else None
                 if need and (ws is None or ws.numel() < need):
                     hit = None
@@ -362,11 +366,12 @@ def _group_dispatch(out, a, b, sa, sb, m_indptr, backend) -> None:
         _group_reference(out, a, b, sa, sb, m_indptr)
         return
     mod = load(gemv_spec(a.dtype, b.dtype, out.dtype, arch_of(a.device)))
-    mod.fi_gemv_segment(out.data_ptr(), a.data_ptr(), b.data_ptr(), m_indptr.data_ptr(), None,
-                        sa.data_ptr(), sb.data_ptr(), total, m_indptr.shape[0] - 1, n, k,
-                        a.stride(0) if total > 1 else k, b.stride(1), out.stride(0),
-                        b.stride(0), sa.stride(0), sa.stride(1), sb.stride(1), sb.stride(2),
-                        sb.stride(0), current_stream(a.device))
+    with on_device(a.device):
+        mod.fi_gemv_segment(out.data_ptr(), a.data_ptr(), b.data_ptr(), m_indptr.data_ptr(), None,
+                            sa.data_ptr(), sb.data_ptr(), total, m_indptr.shape[0] - 1, n, k,
+                            a.stride(0) if total > 1 else k, b.stride(1), out.stride(0),
+                            b.stride(0), sa.stride(0), sa.stride(1), sb.stride(1), sb.stride(2),
+                            sb.stride(0), current_stream(a.device))
 
 
 @torch.library.custom_op("fi_gemm::group_gemm_fp8_groupwise", mutates_args=("out",))

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, register_op
-from fi_core.launch import CallMemo, raw_stream
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, on_device, register_op
+from fi_core.launch import CallMemo, current_device, raw_stream
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.spec import gemv_spec
@@ -101,9 +101,10 @@ def _segment_dispatch(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     mod = load(gemv_spec(x.dtype, w.dtype, out.dtype, arch_of(dev)))
     args = (total, seg_indptr.shape[0] - 1, n, k, x.stride(0) if total > 1 else k, w.stride(1), out.stride(0),
             w.stride(0), 0, 0, 0, 0, 0)
-    mod.fi_gemv_segment(out.data_ptr(), x.data_ptr(), w.data_ptr(), seg_indptr.data_ptr(),
-                        weight_indices.data_ptr() if weight_indices is not None else None,
-                        None, None, *args, current_stream(dev))
+    with on_device(dev):
+        mod.fi_gemv_segment(out.data_ptr(), x.data_ptr(), w.data_ptr(), seg_indptr.data_ptr(),
+                            weight_indices.data_ptr() if weight_indices is not None else None,
+                            None, None, *args, current_stream(dev))
     return mod.fi_gemv_segment, args
 
 
@@ -233,11 +234,12 @@ class SegmentGEMMWrapper:
             if (hit is not None and not (x.data_ptr() % 16 or weights.data_ptr() % 16) and not _compiling()
                     and not knobs.check_inputs()):
                 fn, shape, dtype, dev, args = hit
-                res = torch.empty(shape, dtype=dtype, device=dev)
-                fn(res.data_ptr(), x.data_ptr(), weights.data_ptr(), seg_indptr.data_ptr(),
-                   None if weight_indices is None else weight_indices.data_ptr(), None, None, *args,
-                   raw_stream(dev))
-                return res
+                if dev == current_device():  # else the checked path launches under a device guard
+                    res = torch.empty(shape, dtype=dtype, device=dev)
+                    fn(res.data_ptr(), x.data_ptr(), weights.data_ptr(), seg_indptr.data_ptr(),
+                       None if weight_indices is None else weight_indices.data_ptr(), None, None, *args,
+                       raw_stream(dev))
+                    return res
         x_in, seg_in, wi_in, out_given = x, seg_indptr, weight_indices, out is not None
         checks.tensor("x", x)
         checks.tensor("weights", weights)

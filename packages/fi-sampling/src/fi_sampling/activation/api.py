@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
 from fi_core.errors import InputError, InputTypeError
 
 from .reference import act_and_mul_reference
@@ -90,8 +90,9 @@ def _dispatch(out: torch.Tensor, input: torch.Tensor, act: str) -> None:
         x2, o2 = _rows_view("input", input), _rows_view("out", out)
         d = o2.shape[1]
         mod = load(act_and_mul_spec(input.dtype, arch_of(input.device)))
-        mod.fi_act_and_mul(o2.data_ptr(), x2.data_ptr(), x2.shape[0], d, o2.stride(0),
-                           x2.stride(0), ACT_CODES[act], current_stream(input.device))
+        with on_device(input.device):
+            mod.fi_act_and_mul(o2.data_ptr(), x2.data_ptr(), x2.shape[0], d, o2.stride(0),
+                               x2.stride(0), ACT_CODES[act], current_stream(input.device))
     else:
         out.copy_(act_and_mul_reference(input, act))
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, register_op
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
 from fi_core.errors import InputError, InputTypeError
 
 from .reference import fused_add_rmsnorm_reference, layernorm_reference, rmsnorm_reference
@@ -122,10 +122,11 @@ def _rms_cuda(out, input, residual, weight, eps: float, weight_offset: float) ->
     ro = _row_strides(out)
     ri = _row_strides(input)
     rr = _row_strides(residual) if residual is not None else (0, 0)
-    mod.fi_rmsnorm(out.data_ptr(), input.data_ptr(),
-                   residual.data_ptr() if residual is not None else None, weight.data_ptr(),
-                   input.numel() // hidden, hidden, inner, *ro, *ri, *rr, float(eps),
-                   float(weight_offset), current_stream(input.device))
+    with on_device(input.device):
+        mod.fi_rmsnorm(out.data_ptr(), input.data_ptr(),
+                       residual.data_ptr() if residual is not None else None, weight.data_ptr(),
+                       input.numel() // hidden, hidden, inner, *ro, *ri, *rr, float(eps),
+                       float(weight_offset), current_stream(input.device))
 
 
 def _rms_dispatch(op: OpInfo, out, input, weight, eps: float, weight_offset: float) -> None:
@@ -149,9 +150,10 @@ def _ln_dispatch(out, input, gemma, beta, eps: float) -> None:
         if input.numel() == 0:
             return
         mod = load(norm_spec(input.dtype, arch_of(input.device)))
-        mod.fi_layernorm(out.data_ptr(), input.data_ptr(), gemma.data_ptr(), beta.data_ptr(),
-                         input.shape[0], input.shape[1], out.stride(0), input.stride(0),
-                         float(eps), current_stream(input.device))
+        with on_device(input.device):
+            mod.fi_layernorm(out.data_ptr(), input.data_ptr(), gemma.data_ptr(), beta.data_ptr(),
+                             input.shape[0], input.shape[1], out.stride(0), input.stride(0),
+                             float(eps), current_stream(input.device))
     else:
         out.copy_(layernorm_reference(input, gemma, beta, eps))
 

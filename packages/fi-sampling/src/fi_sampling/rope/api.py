@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, register_op
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, knobs, load, on_device, register_op
 from fi_core.errors import InputError, InputTypeError
 
 from .reference import llama31_smoothing, rope_reference
@@ -137,17 +137,18 @@ def _rope_dispatch(q, k, q_out, k_out, pos_ids, indptr, offsets, cos_sin_cache, 
     smooth_a, smooth_b = llama31_smoothing(*smoothing) if llama31 else (0.0, 0.0)
     pos = pos_ids if pos_ids is not None else offsets
     mod = load(rope_spec(q.dtype, arch_of(q.device)))
-    mod.fi_rope(
-        q_out.data_ptr(), k_out.data_ptr(), q.data_ptr(), k.data_ptr(), nnz, q.shape[1],
-        k.shape[1], q.shape[2], rotary_dim, *_strides(q), *_strides(k), *_strides(q_out),
-        *_strides(k_out), pos.data_ptr(), int(pos.dtype == torch.int64),
-        None if indptr is None else indptr.data_ptr(),
-        int(indptr is not None and indptr.dtype == torch.int64),
-        0 if indptr is None else indptr.shape[0] - 1,
-        None if cos_sin_cache is None else cos_sin_cache.data_ptr(),
-        0 if cos_sin_cache is None else cos_sin_cache.shape[0], int(interleave),
-        float(rope_theta), 1.0 / float(rope_scale), int(llama31), smooth_a, smooth_b,
-        current_stream(q.device))
+    with on_device(q.device):
+        mod.fi_rope(
+            q_out.data_ptr(), k_out.data_ptr(), q.data_ptr(), k.data_ptr(), nnz, q.shape[1],
+            k.shape[1], q.shape[2], rotary_dim, *_strides(q), *_strides(k), *_strides(q_out),
+            *_strides(k_out), pos.data_ptr(), int(pos.dtype == torch.int64),
+            None if indptr is None else indptr.data_ptr(),
+            int(indptr is not None and indptr.dtype == torch.int64),
+            0 if indptr is None else indptr.shape[0] - 1,
+            None if cos_sin_cache is None else cos_sin_cache.data_ptr(),
+            0 if cos_sin_cache is None else cos_sin_cache.shape[0], int(interleave),
+            float(rope_theta), 1.0 / float(rope_scale), int(llama31), smooth_a, smooth_b,
+            current_stream(q.device))
 
 
 @torch.library.custom_op("fi_sampling::rope", mutates_args=("q_out", "k_out"))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import Backend, OpInfo, arch_of, current_stream, load, register_op
+from fi_core import Backend, OpInfo, arch_of, current_stream, load, on_device, register_op
 from fi_core.launch import ptr
 
 from . import reference
@@ -67,19 +67,21 @@ def filtered_sampling_impl(out: torch.Tensor, probs: torch.Tensor, indices: Opti
         mod = load(logits_spec(arch_of(probs.device)))
         ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
         os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
-        mod.fi_sampling_from_logits(
-            out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
-            probs.shape[1], probs.stride(0), _LOGITS[variant][0], ptr(k_arr), int(k), ptr(thr_arr), float(thr),
-            ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
+        with on_device(probs.device):
+            mod.fi_sampling_from_logits(
+                out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
+                probs.shape[1], probs.stride(0), _LOGITS[variant][0], ptr(k_arr), int(k), ptr(thr_arr), float(thr),
+                ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
         return
     if backend == "cuda":
         mod = load(sampling_spec(arch_of(probs.device)))
         ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
         os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
-        mod.fi_sampling_filtered(
-            out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
-            probs.shape[1], probs.stride(0), variant, ptr(k_arr), int(k), ptr(thr_arr), float(thr),
-            ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
+        with on_device(probs.device):
+            mod.fi_sampling_filtered(
+                out.data_ptr(), probs.data_ptr(), ptr(indices), out.shape[0], probs.shape[0],
+                probs.shape[1], probs.stride(0), variant, ptr(k_arr), int(k), ptr(thr_arr), float(thr),
+                ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off), os_, current_stream(probs.device))
         return
     top_k = k_arr if k_arr is not None else k
     t = thr_arr if thr_arr is not None else thr
@@ -122,9 +124,10 @@ def threshold_impl(out: torch.Tensor, x: torch.Tensor, variant: int, k_arr: Opti
                    k: int, p_arr: Optional[torch.Tensor], p: float, backend: str) -> None:
     if backend == "cuda":
         mod = load(threshold_spec(arch_of(x.device)))
-        mod.fi_sampling_threshold(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1],
-                                  x.stride(0), out.stride(0), variant, ptr(k_arr), int(k),
-                                  ptr(p_arr), float(p), current_stream(x.device))
+        with on_device(x.device):
+            mod.fi_sampling_threshold(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1],
+                                      x.stride(0), out.stride(0), variant, ptr(k_arr), int(k),
+                                      ptr(p_arr), float(p), current_stream(x.device))
         return
     top_k = k_arr if k_arr is not None else k
     top_p = p_arr if p_arr is not None else p
@@ -159,8 +162,9 @@ def softmax_impl(out: torch.Tensor, x: torch.Tensor, t_arr: Optional[torch.Tenso
                  backend: str) -> None:
     if backend == "cuda":
         mod = load(threshold_spec(arch_of(x.device)))
-        mod.fi_sampling_softmax(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
-                                out.stride(0), ptr(t_arr), float(t), current_stream(x.device))
+        with on_device(x.device):
+            mod.fi_sampling_softmax(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
+                                    out.stride(0), ptr(t_arr), float(t), current_stream(x.device))
         return
     out.copy_(reference.softmax(x, t_arr if t_arr is not None else t))
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, checks, current_stream, load
+from fi_core import arch_of, checks, current_stream, load, on_device
 from fi_core.errors import InputError
 from fi_core.launch import ptr
 
@@ -28,10 +28,11 @@ def _impl(out: torch.Tensor, acc: torch.Tensor, emi: torch.Tensor, draft_probs: 
         mod = load(speculative_spec(arch_of(draft_probs.device)))
         ss = 0 if seed_arr is None or seed_arr.numel() == 1 else 1
         os_ = 0 if off_arr is None or off_arr.numel() == 1 else 1
-        mod.fi_chain_speculative_sampling(
-            out.data_ptr(), acc.data_ptr(), emi.data_ptr(), draft_probs.data_ptr(), ids.data_ptr(),
-            target_probs.data_ptr(), b, n, v, ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off),
-            os_, current_stream(draft_probs.device))
+        with on_device(draft_probs.device):
+            mod.fi_chain_speculative_sampling(
+                out.data_ptr(), acc.data_ptr(), emi.data_ptr(), draft_probs.data_ptr(), ids.data_ptr(),
+                target_probs.data_ptr(), b, n, v, ptr(seed_arr), int(seed), ss, ptr(off_arr), int(off),
+                os_, current_stream(draft_probs.device))
         return
     s = seed if seed_arr is None else int(seed_arr.reshape(-1)[0])
     o = off if off_arr is None else int(off_arr.reshape(-1)[0])

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, current_stream, knobs, load
+from fi_core import arch_of, current_stream, knobs, load, on_device
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast, visible_pairs
@@ -184,17 +184,18 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     masked = packed_mask is not None
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0,
                                  multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
-    mod.fi_prefill_sm90_ragged(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(),
-        0 if qo_indptr is None else qo_indptr.data_ptr(),
-        0 if kv_indptr is None else kv_indptr.data_ptr(),
-        out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-        nnz_q, nnz_kv, hq, hkv,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
-        knobs.fa3_ctas(), current_stream(q.device))
+    with on_device(q.device):
+        mod.fi_prefill_sm90_ragged(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            0 if qo_indptr is None else qo_indptr.data_ptr(),
+            0 if kv_indptr is None else kv_indptr.data_ptr(),
+            out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+            nnz_q, nnz_kv, hq, hkv,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1),
+            batch_size, int(max_qo_len), float(sm_scale), cap,
+            -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
+            knobs.fa3_ctas(), current_stream(q.device))
 
 
 def _check_mask(packed_mask, mask_indptr, causal, device, batch_size: int, single: bool) -> None:
@@ -297,14 +298,15 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     masked = packed_mask is not None
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0,
                                  multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
-    mod.fi_prefill_sm90_paged(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
-        kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
-        0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
-        q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
-        batch_size, int(max_qo_len), float(sm_scale), cap,
-        -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
-        knobs.fa3_ctas(), current_stream(q.device))
+    with on_device(q.device):
+        mod.fi_prefill_sm90_paged(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+            kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
+            0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
+            q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
+            batch_size, int(max_qo_len), float(sm_scale), cap,
+            -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
+            knobs.fa3_ctas(), current_stream(q.device))
 
 
 def _work_flops(work_pairs: Optional[int], nnz_q: int, nnz_kv: int, batch: int, causal: bool,
