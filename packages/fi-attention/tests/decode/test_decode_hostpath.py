@@ -769,3 +769,19 @@ def test_dense_q_strides_pass_the_launch_path_tests():
     from fi_attention.decode.spec import HEAD_DIMS
 
     assert HEAD_DIMS and all(d % 8 == 0 for d in HEAD_DIMS)
+
+
+def test_decode_args_mirror_the_c_struct_field_for_field():
+    """The ctypes DecodeArgs and ``struct DecodeArgs`` (decode_args.h) name the same 8-byte fields
+    in the same order, with the same types: the launcher reads the block by offset."""
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    header = (Path(launch.__file__).parent / "decode_args.h").read_text()
+    body = header.split("struct DecodeArgs {", 1)[1].split("};", 1)[0]
+    c_fields = []
+    for kind, names in re.findall(r"^\s*(int64_t|double)\s+([^;]+);", body, re.M):
+        c_fields += [(n.strip(), ctypes.c_int64 if kind == "int64_t" else ctypes.c_double) for n in names.split(",")]
+    assert c_fields == list(DecodeArgs._fields_)
+    assert ctypes.sizeof(DecodeArgs) == 8 * len(c_fields)
+    assert c_fields[-1][0] == "device"  # the GPU the launcher makes current (decode_common.cuh)

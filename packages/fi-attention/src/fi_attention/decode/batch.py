@@ -23,7 +23,6 @@ from typing import Optional
 import torch
 
 from fi_core import arch_of, checks, device_info, knobs, load, on_device
-from fi_core.launch import current_device as _current_device
 from fi_core.errors import InputError, InputTypeError
 
 from ..kv import check_kv_layout, unpack_paged_kv_cache
@@ -237,6 +236,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _WRAPPERS[id(self)] = self
         self._dev_index = self._device.index if self._device.index is not None else (
             torch.cuda.current_device() if self._device.type == "cuda" else -1)
+        # the launcher makes this GPU current for its launch when it is not (DecodeArgs.device)
+        self._args.device = self._dev_index
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -673,7 +674,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 and q_scale is None and window_left is None and (enable_pdl is None or enable_pdl is True)):
             q_dtype, q_shape, dev, seen, a, addr, launch, dense = self._fast
             if (type(q) is _Tensor and q.dtype is q_dtype and q.shape == q_shape and q.get_device() == dev
-                    and _current_device() == dev  # else the checked path launches under a device guard
                     and (k_scale is None or (type(k_scale) is float and k_scale - k_scale == 0.0))  # finite
                     and (v_scale is None or (type(v_scale) is float and v_scale - v_scale == 0.0))
                     and (out is None or (type(out) is _Tensor and out.dtype is q_dtype and out.shape == q_shape
@@ -832,8 +832,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not pdl:
             a.flags = self._flags & ~PDL
         try:
-            with on_device(self._dev_index):
-                rc = self._mod_launch(self._args_addr)
+            rc = self._mod_launch(self._args_addr)
         finally:
             if own_tail:
                 PACK_TAIL(a, OFF_TAIL, *tail)

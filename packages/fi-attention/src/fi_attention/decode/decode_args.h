@@ -26,6 +26,7 @@ struct DecodeArgs {
   int64_t merge_count;                               // int32 [B * Hq] zeroed counters (kDecodeGridMerge)
   int64_t sched;                                     // uint64 [3 + 1024]: a CUDA-graph wrapper's spread-mode
                                                      // queue (decode_work), zeroed; 0 without
+  int64_t device;                                    // CUDA device of every buffer above (< 0: the current one)
 };
 
 // DecodeArgs::flags. The decode grid is launched with programmatic dependent launch (PDL) on

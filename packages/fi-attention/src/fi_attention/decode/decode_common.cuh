@@ -650,10 +650,20 @@ inline cudaError_t prefer_max_shared(Kernel kernel, int dev) {
 
 template <typename QT, int D, typename Kernel, typename P>
 inline int launch_batch_decode(const DecodeArgs* a, const P& p, Kernel kernel, int threads, int smem) {
-  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(a->stream);
-  if (a->flags & kDecodeRefuseCapture) FI_TRY(fi::refuse_capture(stream));
   int dev = 0;
   FI_TRY(cudaGetDevice(&dev));
+  if (a->device >= 0 && a->device != dev) {
+    // The buffers sit on a GPU that is not the current one (a process driving several GPUs without
+    // set_device): launch there and give the caller its device back. The device guard is here, not
+    // in Python, because run()'s host time is counted in tenths of a microsecond and asking torch
+    // for the current device costs about 0.3 us; cudaGetDevice above costs tens of nanoseconds.
+    FI_TRY(cudaSetDevice(int(a->device)));
+    const int rc = launch_batch_decode<QT, D>(a, p, kernel, threads, smem);
+    const cudaError_t back = cudaSetDevice(dev);
+    return rc ? rc : int(back);
+  }
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(a->stream);
+  if (a->flags & kDecodeRefuseCapture) FI_TRY(fi::refuse_capture(stream));
   if (a->grid_items > 0) {
     const unsigned grid = unsigned(a->grid_items * a->num_kv_heads * p.nsub);
     // A grid of at most one CTA per SM is launched so that no SM holds two (fi::one_cta_per_sm_smem):

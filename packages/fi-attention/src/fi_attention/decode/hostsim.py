@@ -253,9 +253,6 @@ class HostSim:
         for m in mods:
             patches += [(m, "torch", shim), (m, "raw_stream", raw_stream), (m, "_raw_stream", raw_stream),
                         (m, "capturing", capturing), (m, "_capturing", capturing)]
-        # the simulated wrapper's device index is -1 (see below); (-1).__int__ is a C call, as the
-        # real accessor is
-        patches += [(batch, "_current_device", (-1).__int__)]
         patches += [(batch, "arch_of", lambda dev=None: sm90), (batch, "load", lambda spec: self.module),
                     (batch, "load_many", lambda specs: [self.module] * len(specs)),
                     (batch, "device_info", lambda index=None: types.SimpleNamespace(sm_count=SM_COUNT))]

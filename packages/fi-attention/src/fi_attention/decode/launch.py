@@ -31,7 +31,7 @@ _FIELDS = ([(n, _I) for n in ("q", "q_stride_b", "q_stride_h", "out", "o_stride_
                                 "part_o", "part_lse", "num_qo_heads", "num_kv_heads", "page_size", "page_shift",
                                 "window_left", "grid_items", "merge_batch")]
            + [(n, _D) for n in ("sm_scale", "logits_soft_cap", "rope_scale", "rope_theta")]
-           + [("flags", _I), ("merge_count", _I), ("sched", _I)])
+           + [("flags", _I), ("merge_count", _I), ("sched", _I), ("device", _I)])
 
 # DecodeArgs.flags (decode_args.h, DecodeFlag): which page tables plan() wrote itself (the kernel
 # may read those before it waits for the previous grid) and whether the grid launches with

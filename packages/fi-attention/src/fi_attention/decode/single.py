@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fi_core import arch_of, checks, device_info, load, on_device
+from fi_core import arch_of, checks, device_info, load
 from fi_core.errors import InputError, InputTypeError
 
 from ..kv import check_kv_layout
@@ -168,9 +168,8 @@ def _single_decode_core(out, lse, q, k, v, kv_layout, pos_encoding_mode, use_ten
     if part is not None and not capturing():  # a split merged in the grid (see _stream_counters)
         a.flags |= GRID_MERGE
         a.merge_count = _stream_counters(idx, stream, hq)
-    a.stream = stream
-    with on_device(idx):
-        rc = launch(ctypes.addressof(a))
+    a.stream, a.device = stream, idx  # the launcher makes idx current for its launch when it is not
+    rc = launch(ctypes.addressof(a))
     if rc:
         raise mod.error(rc, "fi_batch_decode")
 
