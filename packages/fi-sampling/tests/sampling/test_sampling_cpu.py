@@ -33,6 +33,19 @@ def test_rejects_top_p_out_of_range(p):
         S.top_p_sampling_from_probs(_probs(), p, seed=0)
 
 
+def test_top_k_first_checks_top_p_before_its_first_step(monkeypatch):
+    """top_k_first runs the top-k renorm, then top-p sampling: a bad top_p (a value out of range,
+    a tensor on another device) must fail before the renorm launches anything."""
+    from fi_sampling.sampling import api  # noqa: PLC0415
+
+    ran = []
+    monkeypatch.setattr(api, "top_k_renorm_probs", lambda *a, **k: ran.append(1))
+    for top_p, match in ((1.5, "top_p must be in"), (torch.full((3,), 0.5, device="meta"), "top_p must be on")):
+        with pytest.raises(InputError, match=match):
+            S.top_k_top_p_sampling_from_probs(_probs(), 3, top_p, seed=0)
+    assert ran == []
+
+
 def test_rejects_bad_top_k():
     with pytest.raises(InputError, match="top_k"):
         S.top_k_sampling_from_probs(_probs(), 0, seed=0)

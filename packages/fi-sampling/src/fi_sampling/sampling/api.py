@@ -215,6 +215,9 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: TopK, top_p: Thr
         return _sample(TOP_K_TOP_P_FROM_PROBS, probs, "joint", indices, generator, check_nan,
                        seed, offset, top_k=top_k, thr=top_p)
     A.matrix("probs", probs)
+    # top_p is checked again by the second step; here so that a bad one fails before any launch
+    A.threshold("top_p", top_p, A.out_rows(probs, A.indices_arg(indices, probs)), probs.device,
+                integer=False, lo=0.0, hi=1.0, lo_open=True)
     if check_nan:
         A.check_no_nan("probs", probs)
     renormed = top_k_renorm_probs(_gather(probs, indices), top_k)
