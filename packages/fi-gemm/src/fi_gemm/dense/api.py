@@ -290,8 +290,9 @@ def _tuned_config(op_name, dev, a, w, out, bias, scale_a, scale_b, M, N, K, L, s
         plan = _plan(op_name, dev, a, w, out, M, N, K, L, unit, k_ok, d_ok, backend)
         if plan[0] != "cutlass_sm90":
             return None
-        return tuning.time_launch(
-            lambda: _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev))
+        with on_device(dev):  # the timer's events go on the current device's stream
+            return tuning.time_launch(
+                lambda: _launch(plan, out, a, w, bias, scale_a, scale_b, M, N, K, L, st, dev))
 
     best, times = tuning.fastest(list(CONFIGS_FP8 if a.dtype in FP8 else CONFIGS_16BIT), time_us)
     tuning.record(dev.index, key, best, times)
