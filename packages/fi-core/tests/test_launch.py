@@ -45,6 +45,8 @@ def test_on_device_is_a_no_op_for_the_current_device_and_a_guard_for_another(mon
     assert launch.on_device(torch.device("cuda", 1)) == "guard 1"
     assert launch.on_device(3) == "guard 3"
     assert made == [1, 3]
+    monkeypatch.setattr(launch, "current_device", lambda: -1)  # a torch without CUDA
+    assert launch.on_device(torch.device("cuda", 1)) is same and made == [1, 3]
 
 
 # Files whose stream lookups launch nothing (timing harnesses, event bookkeeping, the host-path

@@ -70,7 +70,10 @@ def on_device(device: torch.device | int) -> contextlib.AbstractContextManager:
     context, about 0.1 us; else torch.cuda.device(index).
     """
     idx = device.index if isinstance(device, torch.device) else device
-    if idx is None or idx < 0 or idx == current_device():  # < 0: no CUDA device (host simulation)
+    if idx is None or idx < 0:  # a CPU or meta device, or the host simulation's -1
+        return _SAME_DEVICE
+    cur = current_device()
+    if idx == cur or cur < 0:  # cur < 0: a torch without CUDA, where nothing can launch
         return _SAME_DEVICE
     return torch.cuda.device(idx)
 
