@@ -2,7 +2,7 @@
 
 torch lets a caller hold tensors on cuda:1 while cuda:0 is the current device, and its own ops
 run where their tensors are. fi's launchers enqueue on the current device, so each launch sits
-in ``fi_core.on_device`` (a device guard). Each case runs an op on cuda:1 twice: once with
+in a device guard (``fi_core.on_device``; the decode launcher's is in C). Each case runs an op on cuda:1 twice: once with
 cuda:1 made current (the reference run) and once with cuda:0 current, and the two results must
 agree; the current device must still be cuda:0 afterwards. Without the guard these calls read
 cuda:1's memory from a kernel on cuda:0 and fault. Needs two GPUs (skips otherwise).
