@@ -190,8 +190,8 @@ def _check_order(filter_apply_order: str) -> None:
         raise A.InputError(f"filter_apply_order must be 'top_k_first' or 'joint', got {filter_apply_order!r}")
 
 
-def _gather(x: torch.Tensor, indices):
-    idx = A.indices_arg(indices, x)
+def _gather(x: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
+    """The rows of x that ``idx`` (A.indices_arg's checked indices, or None) names."""
     return x if idx is None else x.index_select(0, idx)
 
 
@@ -215,12 +215,13 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: TopK, top_p: Thr
         return _sample(TOP_K_TOP_P_FROM_PROBS, probs, "joint", indices, generator, check_nan,
                        seed, offset, top_k=top_k, thr=top_p)
     A.matrix("probs", probs)
+    idx = A.indices_arg(indices, probs)
     # top_p is checked again by the second step; here so that a bad one fails before any launch
-    A.threshold("top_p", top_p, A.out_rows(probs, A.indices_arg(indices, probs)), probs.device,
-                integer=False, lo=0.0, hi=1.0, lo_open=True)
+    A.threshold("top_p", top_p, A.out_rows(probs, idx), probs.device, integer=False, lo=0.0, hi=1.0,
+                lo_open=True)
     if check_nan:
         A.check_no_nan("probs", probs)
-    renormed = top_k_renorm_probs(_gather(probs, indices), top_k)
+    renormed = top_k_renorm_probs(_gather(probs, idx), top_k)
     return top_p_sampling_from_probs(renormed, top_p, None, deterministic, generator, False, seed, offset)
 
 
