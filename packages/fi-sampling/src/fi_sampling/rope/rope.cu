@@ -38,13 +38,17 @@
 //      token and half the bytes per thread of 1);
 //   3: 8 heads per thread, at most 128 registers (103-107 used: 2 blocks, 512 threads per SM,
 //      256 B per thread; pos and cache row amortised over twice the heads).
+//   4: rope_cache_stream_kernel, a grid of resident blocks whose threads walk items (2 heads
+//      each) with the next item's loads in flight while the current one rotates and stores;
+//   5: the same with 4 heads per item, at most 128 registers (2 blocks per SM);
+//   6: variant 1 with an L2 evict-first policy on the q/k loads and stores (streamed once).
 // 1 is the default: the most threads per SM at which 128 B per thread fit without spills, the
 // shape that gave fused_add_rmsnorm 145 -> 130 us (64 registers, 1024 threads per SM).
 #ifndef FI_ROPE_CACHE_VARIANT
 #define FI_ROPE_CACHE_VARIANT 1
 #endif
-#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 3
-#error "FI_ROPE_CACHE_VARIANT must be 0, 1, 2 or 3"
+#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 6
+#error "FI_ROPE_CACHE_VARIANT must be 0 to 6"
 #endif
 
 namespace {
@@ -62,9 +66,12 @@ constexpr int kPrefetch = 2;  // batches of heads prefetched into L2 ahead of th
 // blocks of kThreads that __launch_bounds__ asks for, which caps the registers at
 // 65536 / (kThreads * blocks) (64 for 4 blocks, 128 for 2).
 constexpr int kCacheHeads = FI_ROPE_CACHE_VARIANT == 0 ? 0
-                          : FI_ROPE_CACHE_VARIANT == 1 ? 4
-                          : FI_ROPE_CACHE_VARIANT == 2 ? 2 : 8;
-constexpr int kCacheMinBlocks = kCacheHeads == 8 ? 2 : 4;
+                          : FI_ROPE_CACHE_VARIANT == 2 || FI_ROPE_CACHE_VARIANT == 4 ? 2
+                          : FI_ROPE_CACHE_VARIANT == 3 ? 8 : 4;
+constexpr bool kCacheStream = FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 5;
+constexpr bool kEvictFirst = FI_ROPE_CACHE_VARIANT == 6;
+constexpr int kCacheMinBlocks = kCacheHeads == 8 || FI_ROPE_CACHE_VARIANT == 5 ? 2
+                              : FI_ROPE_CACHE_VARIANT == 4 ? 3 : 4;
 
 struct RopeParams {
   const T* q;
@@ -175,6 +182,14 @@ FI_DEVICE void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
+// An L2 cache policy that marks lines evict-first (variant 6). Not volatile: the compiler may
+// share one instance between the accesses of a thread.
+FI_DEVICE uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
 // VEC elements (VEC even) held as VEC/2 packed 32-bit words. The compiler splits a vec_t of 16-bit
 // elements into one register per element (4 heads of 16-byte bf16 runs then spilled 112 B under
 // the 64-register cap); packed words keep a 16-byte run in 4 registers, and the rotation unpacks
@@ -188,7 +203,11 @@ struct Packed {
   // q/k runs are read exactly once: no L1 allocation, which leaves L1 to the cache rows that every
   // head group of a token re-reads. Coherent (not .nc): in-place calls store to these addresses.
   FI_DEVICE void load_no_l1(const T* ptr) {
-    if constexpr (kWords == 4) {
+    if constexpr (kEvictFirst && kWords == 4) {
+      asm volatile(
+          "ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr), "l"(evict_first_policy()));
+    } else if constexpr (kWords == 4) {
       asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr));
     } else if constexpr (kWords == 2) {
@@ -199,7 +218,11 @@ struct Packed {
   }
 
   FI_DEVICE void store(T* ptr) const {
-    if constexpr (kWords == 4) *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
+    if constexpr (kEvictFirst && kWords == 4)
+      asm volatile(
+          "st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+          ::"l"(ptr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(evict_first_policy()) : "memory");
+    else if constexpr (kWords == 4) *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
     else if constexpr (kWords == 2) *reinterpret_cast<uint2*>(ptr) = make_uint2(w[0], w[1]);
     else *reinterpret_cast<uint32_t*>(ptr) = w[0];
   }
@@ -411,6 +434,92 @@ __global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(c
   }
 }
 
+// Cos/sin-cache kernel, streaming form (variants 4 and 5): a grid of resident blocks whose threads
+// walk the items item, item + stride, ... (an item is rope_cache_kernel's thread: a token, a group
+// of HEADS heads, a lane). The next item's position and head loads are issued before the current
+// item's cache row is read and its heads are rotated and stored, so a thread always has a load
+// round in flight. Items are disjoint, so in-place calls cannot alias across them.
+template <bool INTERLEAVE, int VEC, int HEADS>
+struct StreamItem {
+  int64_t t = 0, pos = 0;
+  int h0 = 0, n = 0, lane = 0;
+  Packed<VEC> a[HEADS], b[HEADS];
+
+  FI_DEVICE void load(const RopeParams& p, int64_t item) {
+    const int64_t per_token = (int64_t)p.groups * p.lanes;
+    t = item / per_token;
+    const int rem = static_cast<int>(item - t * per_token);
+    const int g = rem / p.lanes;
+    lane = rem - g * p.lanes;
+    h0 = g * HEADS;
+    n = min(HEADS, p.hq + p.hk - h0);
+    if (lane >= p.rot_lanes) {  // tail copy (out-of-place only)
+      const int off = 2 * p.half + (lane - p.rot_lanes) * VEC;
+#pragma unroll
+      for (int j = 0; j < HEADS; ++j)
+        if (j < n) a[j].load_no_l1(head_in(p, t, h0 + j) + off);
+      return;
+    }
+    pos = token_position(p, t);
+    const int f0 = lane * VEC;
+    const int off_a = INTERLEAVE ? 2 * f0 : f0;
+    const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
+#pragma unroll
+    for (int j = 0; j < HEADS; ++j) {
+      if (j < n) {
+        const T* src = head_in(p, t, h0 + j);
+        a[j].load_no_l1(src + off_a);
+        b[j].load_no_l1(src + off_b);
+      }
+    }
+  }
+
+  FI_DEVICE void finish(const RopeParams& p) {
+    if (lane >= p.rot_lanes) {
+      const int off = 2 * p.half + (lane - p.rot_lanes) * VEC;
+#pragma unroll
+      for (int j = 0; j < HEADS; ++j)
+        if (j < n) a[j].store(head_out(p, t, h0 + j) + off);
+      return;
+    }
+    const int f0 = lane * VEC;
+    const int off_a = INTERLEAVE ? 2 * f0 : f0;
+    const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
+    float c[VEC], s[VEC];
+    load_cos_sin<VEC, true>(p, pos, f0, c, s);
+#pragma unroll
+    for (int j = 0; j < HEADS; ++j) {
+      if (j < n) {
+        rotate_packed<INTERLEAVE, VEC>(a[j], b[j], c, s);
+        T* dst = head_out(p, t, h0 + j);
+        a[j].store(dst + off_a);
+        b[j].store(dst + off_b);
+      }
+    }
+  }
+};
+
+template <bool INTERLEAVE, int VEC, int HEADS>
+__global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_stream_kernel(const RopeParams p) {
+  const int64_t total = p.nnz * (int64_t)p.groups * p.lanes;
+  const int64_t stride = (int64_t)gridDim.x * kThreads;
+  int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
+  if (item >= total) return;
+  StreamItem<INTERLEAVE, VEC, HEADS> cur, nxt;
+  cur.load(p, item);
+  // Two copies of the loop body with the roles swapped, so no item is copied between registers.
+  for (;;) {
+    item += stride;
+    if (item < total) nxt.load(p, item);
+    cur.finish(p);
+    if (item >= total) break;
+    item += stride;
+    if (item < total) cur.load(p, item);
+    nxt.finish(p);
+    if (item >= total) break;
+  }
+}
+
 // One thread per (token, group of kCacheHeads heads, lane), no per-thread head loop: the bench
 // shape (8192 tokens, 40 heads, 8 lanes of 16-byte runs) gives 2560 blocks of 256 at 4 heads,
 // several waves of short blocks.
@@ -422,7 +531,19 @@ int launch_cache(const RopeParams& p, cudaStream_t stream) {
   q.heads_per_thread = kHeads;
   q.groups = fi::ceil_div(p.hq + p.hk, kHeads);
   const int64_t items = p.nnz * p.lanes * q.groups;
-  const int64_t blocks = fi::ceil_div<int64_t>(items, kThreads);
+  int64_t blocks = fi::ceil_div<int64_t>(items, kThreads);
+  if constexpr (kCacheStream) {
+    auto stream_kernel = rope_cache_stream_kernel<INTERLEAVE, VEC, kHeads>;
+    static int blocks_per_sm = [&] {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, stream_kernel, kThreads, 0) != cudaSuccess) n = 2;
+      return n > 0 ? n : 1;
+    }();
+    const int64_t resident = (int64_t)fi::sm_count() * blocks_per_sm;
+    if (blocks > resident) blocks = resident;
+    stream_kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(q);
+    return FI_LAUNCH_STATUS();
+  }
   kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(q);
   return FI_LAUNCH_STATUS();
 }
