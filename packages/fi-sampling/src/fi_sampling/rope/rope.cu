@@ -41,14 +41,15 @@
 //   4: rope_cache_stream_kernel, a grid of resident blocks whose threads walk items (2 heads
 //      each) with the next item's loads in flight while the current one rotates and stores;
 //   5: the same with 4 heads per item, at most 128 registers (2 blocks per SM);
-//   6: variant 1 with an L2 evict-first policy on the q/k loads and stores (streamed once).
+//   6: variant 1 with an L2 evict-first policy on the q/k loads and stores (streamed once);
+//   7: variant 4 with that policy; 8 / 9: variant 1 with it on the loads / the stores only.
 // 1 is the default: the most threads per SM at which 128 B per thread fit without spills, the
 // shape that gave fused_add_rmsnorm 145 -> 130 us (64 registers, 1024 threads per SM).
 #ifndef FI_ROPE_CACHE_VARIANT
 #define FI_ROPE_CACHE_VARIANT 1
 #endif
-#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 6
-#error "FI_ROPE_CACHE_VARIANT must be 0 to 6"
+#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 9
+#error "FI_ROPE_CACHE_VARIANT must be 0 to 9"
 #endif
 
 namespace {
@@ -66,12 +67,13 @@ constexpr int kPrefetch = 2;  // batches of heads prefetched into L2 ahead of th
 // blocks of kThreads that __launch_bounds__ asks for, which caps the registers at
 // 65536 / (kThreads * blocks) (64 for 4 blocks, 128 for 2).
 constexpr int kCacheHeads = FI_ROPE_CACHE_VARIANT == 0 ? 0
-                          : FI_ROPE_CACHE_VARIANT == 2 || FI_ROPE_CACHE_VARIANT == 4 ? 2
+                          : FI_ROPE_CACHE_VARIANT == 2 || FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 7 ? 2
                           : FI_ROPE_CACHE_VARIANT == 3 ? 8 : 4;
-constexpr bool kCacheStream = FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 5;
-constexpr bool kEvictFirst = FI_ROPE_CACHE_VARIANT == 6;
+constexpr bool kCacheStream = FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 5 || FI_ROPE_CACHE_VARIANT == 7;
+constexpr bool kEvictLoads = FI_ROPE_CACHE_VARIANT == 6 || FI_ROPE_CACHE_VARIANT == 7 || FI_ROPE_CACHE_VARIANT == 8;
+constexpr bool kEvictStores = FI_ROPE_CACHE_VARIANT == 6 || FI_ROPE_CACHE_VARIANT == 7 || FI_ROPE_CACHE_VARIANT == 9;
 constexpr int kCacheMinBlocks = kCacheHeads == 8 || FI_ROPE_CACHE_VARIANT == 5 ? 2
-                              : FI_ROPE_CACHE_VARIANT == 4 ? 3 : 4;
+                              : FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 7 ? 3 : 4;
 
 struct RopeParams {
   const T* q;
@@ -203,7 +205,7 @@ struct Packed {
   // q/k runs are read exactly once: no L1 allocation, which leaves L1 to the cache rows that every
   // head group of a token re-reads. Coherent (not .nc): in-place calls store to these addresses.
   FI_DEVICE void load_no_l1(const T* ptr) {
-    if constexpr (kEvictFirst && kWords == 4) {
+    if constexpr (kEvictLoads && kWords == 4) {
       asm volatile(
           "ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr), "l"(evict_first_policy()));
@@ -218,7 +220,7 @@ struct Packed {
   }
 
   FI_DEVICE void store(T* ptr) const {
-    if constexpr (kEvictFirst && kWords == 4)
+    if constexpr (kEvictStores && kWords == 4)
       asm volatile(
           "st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
           ::"l"(ptr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(evict_first_policy()) : "memory");
