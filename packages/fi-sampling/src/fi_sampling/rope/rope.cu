@@ -10,10 +10,12 @@
 // group (q heads then k heads), kBatch heads' loads in flight at a time. Out-of-place calls also
 // have "tail" lanes that copy the elements past rotary_dim.
 //
-// Cos/sin cache. Angles read from the cache need no setup math, so that path has its own kernel
-// (rope_cache_kernel) built for bytes in flight: a thread issues the loads of all its kCacheHeads
-// heads before it waits on anything (the token's position included), then reads the cache row that
-// depends on the position, then rotates and stores. FI_ROPE_CACHE_VARIANT picks its shape (below).
+// Cos/sin cache. Angles read from the cache need no setup math, so that path has its own kernels
+// built for bytes in flight: an item (a token, a group of kCacheHeads heads, a lane) issues the
+// loads of all its heads before it waits on anything (the token's position included), then reads
+// the cache row that depends on the position, then rotates and stores. The default streaming
+// kernel keeps the next item's loads in flight while it finishes the current one.
+// FI_ROPE_CACHE_VARIANT picks the kernel (below).
 //
 // Accuracy. Frequencies are evaluated in fp64 and rounded once to fp32, and the angle is the fp32
 // product float(pos) * freq, which the fp32 reference reproduces bit for bit. The angle is then
@@ -28,28 +30,27 @@
 #error "FI_T (element type) must be defined by the spec"
 #endif
 // Cos/sin-cache path, a tuning define (the apply_rope_with_cos_sin_cache_inplace bench routine's
-// option variant=N builds a module with another value for A/B runs):
+// option variant=N and tools/ab_rope.py build a module with another value for A/B runs):
 //   0: the computed-angle kernel with a cache row (two batches of 2 heads, L2 prefetch of the
 //      second; 78 registers on sm_90a for bf16: 3 blocks, 768 threads per SM, 64 B of loads per
-//      thread), the behaviour before the dedicated kernel;
-//   1: rope_cache_kernel, 4 heads per thread, at most 64 registers (64 used for bf16 16-byte
-//      runs: 4 blocks, 1024 threads per SM, 128 B of loads per thread issued at once);
-//   2: 2 heads per thread, at most 64 registers (62 used: still 4 blocks; twice the threads per
-//      token and half the bytes per thread of 1);
-//   3: 8 heads per thread, at most 128 registers (103-107 used: 2 blocks, 512 threads per SM,
-//      256 B per thread; pos and cache row amortised over twice the heads).
-//   4: rope_cache_stream_kernel, a grid of resident blocks whose threads walk items (2 heads
-//      each) with the next item's loads in flight while the current one rotates and stores;
-//   5: the same with 4 heads per item, at most 128 registers (2 blocks per SM);
-//   6: variant 1 with an L2 evict-first policy on the q/k loads and stores (streamed once);
-//   7: variant 4 with that policy; 8 / 9: variant 1 with it on the loads / the stores only.
-// 1 is the default: the most threads per SM at which 128 B per thread fit without spills, the
-// shape that gave fused_add_rmsnorm 145 -> 130 us (64 registers, 1024 threads per SM).
+//      thread), the behaviour before the dedicated kernels;
+//   1: rope_cache_kernel, one item per thread (a token, 4 heads, a lane), at most 64 registers
+//      (4 blocks, 1024 threads per SM, 128 B of loads per thread issued at once); the default
+//      until session 42;
+//   7: rope_cache_stream_kernel (the default): resident blocks, 3 per SM at most 85 registers,
+//      whose threads walk items of 2 heads with the next item's loads in flight while the
+//      current one rotates and stores; 16-byte q/k loads and stores carry an L2 evict-first
+//      policy.
+// tools/ab_rope.py, 7 against 1 in turns on an H100 (results/h100/rope_ab_session42_*.json):
+// 8192 tokens x1.014, 2048 x1.042, 256 x1.143, 64 x1.284, 1 x1.061. Measured there and removed:
+// the streaming kernel without the policy (x0.995 at 8192 tokens, x1.06 at 256), the policy on 1
+// (x1.016; on its stores alone x1.015, on its loads alone x1.000), streaming items of 4 heads
+// (x0.980); in session 2, 2 or 8 heads per thread in 1 (47.5 / 46.9 us against 45.6).
 #ifndef FI_ROPE_CACHE_VARIANT
-#define FI_ROPE_CACHE_VARIANT 1
+#define FI_ROPE_CACHE_VARIANT 7
 #endif
-#if FI_ROPE_CACHE_VARIANT < 0 || FI_ROPE_CACHE_VARIANT > 9
-#error "FI_ROPE_CACHE_VARIANT must be 0 to 9"
+#if FI_ROPE_CACHE_VARIANT != 0 && FI_ROPE_CACHE_VARIANT != 1 && FI_ROPE_CACHE_VARIANT != 7
+#error "FI_ROPE_CACHE_VARIANT must be 0, 1 or 7"
 #endif
 
 namespace {
@@ -63,17 +64,14 @@ template <int VEC>
 constexpr int kBatch = VEC >= 8 ? 2 : 4;
 constexpr int kPrefetch = 2;  // batches of heads prefetched into L2 ahead of their loads
 
-// rope_cache_kernel: heads per thread (0: the cache path uses rope_kernel) and the minimum resident
-// blocks of kThreads that __launch_bounds__ asks for, which caps the registers at
-// 65536 / (kThreads * blocks) (64 for 4 blocks, 128 for 2).
-constexpr int kCacheHeads = FI_ROPE_CACHE_VARIANT == 0 ? 0
-                          : FI_ROPE_CACHE_VARIANT == 2 || FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 7 ? 2
-                          : FI_ROPE_CACHE_VARIANT == 3 ? 8 : 4;
-constexpr bool kCacheStream = FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 5 || FI_ROPE_CACHE_VARIANT == 7;
-constexpr bool kEvictLoads = FI_ROPE_CACHE_VARIANT == 6 || FI_ROPE_CACHE_VARIANT == 7 || FI_ROPE_CACHE_VARIANT == 8;
-constexpr bool kEvictStores = FI_ROPE_CACHE_VARIANT == 6 || FI_ROPE_CACHE_VARIANT == 7 || FI_ROPE_CACHE_VARIANT == 9;
-constexpr int kCacheMinBlocks = kCacheHeads == 8 || FI_ROPE_CACHE_VARIANT == 5 ? 2
-                              : FI_ROPE_CACHE_VARIANT == 4 || FI_ROPE_CACHE_VARIANT == 7 ? 3 : 4;
+// The cache kernels: heads per item (0: the cache path uses rope_kernel), the streaming form,
+// whether q/k accesses carry the evict-first policy, and the minimum resident blocks of kThreads
+// that __launch_bounds__ asks for, which caps the registers at 65536 / (kThreads * blocks) (64
+// for 4 blocks, 85 for 3).
+constexpr int kCacheHeads = FI_ROPE_CACHE_VARIANT == 0 ? 0 : FI_ROPE_CACHE_VARIANT == 1 ? 4 : 2;
+constexpr bool kCacheStream = FI_ROPE_CACHE_VARIANT == 7;
+constexpr bool kEvictFirst = FI_ROPE_CACHE_VARIANT == 7;
+constexpr int kCacheMinBlocks = kCacheStream ? 3 : 4;
 
 struct RopeParams {
   const T* q;
@@ -184,7 +182,8 @@ FI_DEVICE void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
-// An L2 cache policy that marks lines evict-first (variant 6). Not volatile: the compiler may
+// An L2 cache policy that marks lines evict-first: q/k are read and written once, and the
+// written lines leave L2 early instead of piling up as dirty lines. Not volatile: the compiler may
 // share one instance between the accesses of a thread.
 FI_DEVICE uint64_t evict_first_policy() {
   uint64_t pol;
@@ -205,7 +204,7 @@ struct Packed {
   // q/k runs are read exactly once: no L1 allocation, which leaves L1 to the cache rows that every
   // head group of a token re-reads. Coherent (not .nc): in-place calls store to these addresses.
   FI_DEVICE void load_no_l1(const T* ptr) {
-    if constexpr (kEvictLoads && kWords == 4) {
+    if constexpr (kEvictFirst && kWords == 4) {
       asm volatile(
           "ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
           : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr), "l"(evict_first_policy()));
@@ -220,7 +219,7 @@ struct Packed {
   }
 
   FI_DEVICE void store(T* ptr) const {
-    if constexpr (kEvictStores && kWords == 4)
+    if constexpr (kEvictFirst && kWords == 4)
       asm volatile(
           "st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
           ::"l"(ptr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(evict_first_policy()) : "memory");
@@ -436,9 +435,9 @@ __global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(c
   }
 }
 
-// Cos/sin-cache kernel, streaming form (variants 4 and 5): a grid of resident blocks whose threads
-// walk the items item, item + stride, ... (an item is rope_cache_kernel's thread: a token, a group
-// of HEADS heads, a lane). The next item's position and head loads are issued before the current
+// Cos/sin-cache kernel, streaming form (variant 7, the default): a grid of resident blocks whose
+// threads walk the items item, item + stride, ... (an item is rope_cache_kernel's thread: a token,
+// a group of HEADS heads, a lane). The next item's position and head loads are issued before the current
 // item's cache row is read and its heads are rotated and stored, so a thread always has a load
 // round in flight. Items are disjoint, so in-place calls cannot alias across them.
 template <bool INTERLEAVE, int VEC, int HEADS>
@@ -522,13 +521,14 @@ __global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_stream_k
   }
 }
 
-// One thread per (token, group of kCacheHeads heads, lane), no per-thread head loop: the bench
-// shape (8192 tokens, 40 heads, 8 lanes of 16-byte runs) gives 2560 blocks of 256 at 4 heads,
-// several waves of short blocks.
+// Items of kCacheHeads heads. rope_cache_kernel: one thread per item, no loop (the bench shape,
+// 8192 tokens, 40 heads, 8 lanes of 16-byte runs, gives 2560 blocks of 256 at 4 heads: several
+// waves of short blocks). The streaming kernel: at most the resident blocks (3 per SM), each
+// thread walking its items; small batches (a decode step's tokens) get one item per thread in
+// fewer blocks.
 template <bool INTERLEAVE, int VEC>
 int launch_cache(const RopeParams& p, cudaStream_t stream) {
   constexpr int kHeads = kCacheHeads > 0 ? kCacheHeads : 1;
-  auto kernel = rope_cache_kernel<INTERLEAVE, VEC, kHeads>;
   RopeParams q = p;
   q.heads_per_thread = kHeads;
   q.groups = fi::ceil_div(p.hq + p.hk, kHeads);
@@ -544,9 +544,9 @@ int launch_cache(const RopeParams& p, cudaStream_t stream) {
     const int64_t resident = (int64_t)fi::sm_count() * blocks_per_sm;
     if (blocks > resident) blocks = resident;
     stream_kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(q);
-    return FI_LAUNCH_STATUS();
+  } else {
+    rope_cache_kernel<INTERLEAVE, VEC, kHeads><<<(unsigned)blocks, kThreads, 0, stream>>>(q);
   }
-  kernel<<<(unsigned)blocks, kThreads, 0, stream>>>(q);
   return FI_LAUNCH_STATUS();
 }
 
