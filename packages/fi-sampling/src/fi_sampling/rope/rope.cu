@@ -30,7 +30,7 @@
 #error "FI_T (element type) must be defined by the spec"
 #endif
 // Cos/sin-cache path, a tuning define (the apply_rope_with_cos_sin_cache_inplace bench routine's
-// option variant=N and tools/ab_rope.py build a module with another value for A/B runs):
+// option variant=N and tools/ab_memops.py build a module with another value for A/B runs):
 //   0: the computed-angle kernel with a cache row (two batches of 2 heads, L2 prefetch of the
 //      second; 78 registers on sm_90a for bf16: 3 blocks, 768 threads per SM, 64 B of loads per
 //      thread), the behaviour before the dedicated kernels;
@@ -41,7 +41,7 @@
 //      whose threads walk items of 2 heads with the next item's loads in flight while the
 //      current one rotates and stores; 16-byte q/k loads and stores carry an L2 evict-first
 //      policy.
-// tools/ab_rope.py, 7 against 1 in turns on an H100 (results/h100/rope_ab_session42_*.json):
+// tools/ab_memops.py, 7 against 1 in turns on an H100 (results/h100/rope_ab_session42_*.json):
 // 8192 tokens x1.014, 2048 x1.042, 256 x1.143, 64 x1.284, 1 x1.061. Measured there and removed:
 // the streaming kernel without the policy (x0.995 at 8192 tokens, x1.06 at 256), the policy on 1
 // (x1.016; on its stores alone x1.015, on its loads alone x1.000), streaming items of 4 heads
@@ -182,15 +182,6 @@ FI_DEVICE void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
-// An L2 cache policy that marks lines evict-first: q/k are read and written once, and the
-// written lines leave L2 early instead of piling up as dirty lines. Not volatile: the compiler may
-// share one instance between the accesses of a thread.
-FI_DEVICE uint64_t evict_first_policy() {
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
 // VEC elements (VEC even) held as VEC/2 packed 32-bit words. The compiler splits a vec_t of 16-bit
 // elements into one register per element (4 heads of 16-byte bf16 runs then spilled 112 B under
 // the 64-register cap); packed words keep a 16-byte run in 4 registers, and the rotation unpacks
@@ -205,9 +196,8 @@ struct Packed {
   // head group of a token re-reads. Coherent (not .nc): in-place calls store to these addresses.
   FI_DEVICE void load_no_l1(const T* ptr) {
     if constexpr (kEvictFirst && kWords == 4) {
-      asm volatile(
-          "ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr), "l"(evict_first_policy()));
+      const uint4 r = fi::load16_evict_first(ptr);
+      w[0] = r.x; w[1] = r.y; w[2] = r.z; w[3] = r.w;
     } else if constexpr (kWords == 4) {
       asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(ptr));
@@ -220,9 +210,7 @@ struct Packed {
 
   FI_DEVICE void store(T* ptr) const {
     if constexpr (kEvictFirst && kWords == 4)
-      asm volatile(
-          "st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-          ::"l"(ptr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(evict_first_policy()) : "memory");
+      fi::store16_evict_first(ptr, make_uint4(w[0], w[1], w[2], w[3]));
     else if constexpr (kWords == 4) *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
     else if constexpr (kWords == 2) *reinterpret_cast<uint2*>(ptr) = make_uint2(w[0], w[1]);
     else *reinterpret_cast<uint32_t*>(ptr) = w[0];

@@ -67,6 +67,31 @@ struct alignas(sizeof(T) * N) vec_t {
   }
 };
 
+// ---- accesses for data streamed once ---------------------------------------------------------
+// An L2 cache policy that marks lines evict-first. Not volatile: the compiler may share one
+// instance between the accesses of a thread.
+FI_DEVICE uint64_t l2_evict_first_policy() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// 16-byte load / store without L1 allocation under the evict-first L2 policy, for data read or
+// written once (an in-place pass over a large tensor): written lines leave L2 early instead of
+// piling up as dirty lines (RoPE's cos/sin-cache kernel, session 42: x1.015 from the stores).
+// Coherent accesses (no .nc), so in-place callers stay correct.
+FI_DEVICE uint4 load16_evict_first(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr), "l"(l2_evict_first_policy()));
+  return r;
+}
+
+FI_DEVICE void store16_evict_first(void* ptr, uint4 v) {
+  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+               ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(l2_evict_first_policy()) : "memory");
+}
+
 // Elements of T in one 16-byte access.
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);
