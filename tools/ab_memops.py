@@ -10,8 +10,10 @@ that cycle through input sets larger than L2, median over rounds).
 
 BUILD is ``0`` (the sources' defaults), ``copy`` (a torch floor with the case's traffic: in-place
 ``mul_(1)`` over q and k for RoPE, ``x.mul(1)`` for rmsnorm, ``_foreach_mul_`` over x and the
-residual for fused_add_rmsnorm) or comma-separated switches: ``ROPE=N`` (rope.cu built with
-FI_ROPE_CACHE_VARIANT=N, which lists the variants), ``EVICT=N`` (norm.cu with FI_NORM_EVICT=N).
+residual for fused_add_rmsnorm) or ``ROPE=N`` (rope.cu built with FI_ROPE_CACHE_VARIANT=N, which
+lists the variants). Session 42 also timed a norm.cu switch for evict-first row stores this way
+(x0.998-1.001 on rms8k / fadd8k on an H100, results/h100/memops_ab_session42_norm_evict.json; not
+kept): a new norm.cu switch joins SWITCHES as a spec-module attribute.
 
 Cases (bf16): ropeN / ropeNk (in-place apply_rope_with_cos_sin_cache_inplace on N or N x 1024
 tokens, 32 q / 8 kv heads, head_dim 128, NeoX, positions uniform in [0, 8192); rope8k is the bench
@@ -38,7 +40,7 @@ NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in tur
 HQ, HK, D, MAX_POS = 32, 8, 128, 8192
 HIDDEN = 8192
 ALL_CASES = "rope8k,rope256,rms8k,fadd8k"
-SWITCHES = {"ROPE": "CACHE_VARIANT", "EVICT": "EVICT"}
+SWITCHES = {"ROPE": "CACHE_VARIANT"}
 
 
 def parse_build(build: str) -> dict[str, int] | None:
@@ -53,14 +55,11 @@ def parse_build(build: str) -> dict[str, int] | None:
 
 
 def use_build(switches: dict[str, int]) -> None:
-    """Make the next RoPE / norm call load the modules built with `switches`."""
-    from fi_sampling.norm import spec as norm_spec  # noqa: PLC0415
+    """Make the next RoPE call load the module built with `switches`."""
     from fi_sampling.rope import spec as rope_spec  # noqa: PLC0415
 
     rope_spec.CACHE_VARIANT = switches.get("ROPE")
-    norm_spec.EVICT = switches.get("EVICT", 0)
     rope_spec.rope_spec.cache_clear()
-    norm_spec.norm_spec.cache_clear()
 
 
 def make_cases(names: list[str], dev):
@@ -133,12 +132,11 @@ def main() -> int:
         from fi_sampling.norm import spec as norm_spec  # noqa: PLC0415
         from fi_sampling.rope import spec as rope_spec  # noqa: PLC0415
 
-        specs = []
+        specs = [norm_spec.norm_spec(torch.bfloat16, Arch.parse("9.0a"))]
         for sw in builds.values():
             if sw is not None:
                 use_build(sw)
-                specs += [rope_spec.rope_spec(torch.bfloat16, Arch.parse("9.0a")),
-                          norm_spec.norm_spec(torch.bfloat16, Arch.parse("9.0a"))]
+                specs.append(rope_spec.rope_spec(torch.bfloat16, Arch.parse("9.0a")))
         return build_only(specs)
 
     dev = torch.device("cuda")

@@ -55,15 +55,12 @@ def _torch_rmsnorm(x, w, eps=1e-6):
 @routine("rmsnorm", family="fi-sampling", help="rmsnorm 8192x8192 bf16 vs torch F.rms_norm")
 def bench_rmsnorm(args: RoutineArgs):
     dev = torch.device(args.device)
-    # A/B: evict=N builds the kernel with FI_NORM_EVICT=N (evict-first row stores)
-    config = f"{TOKENS}x{HIDDEN} bf16" + apply_tuning(args, norm_spec_module, {"evict": "EVICT"},
-                                                       norm_spec_module.norm_spec)
     x, w = _x((TOKENS, HIDDEN), dev, 0), _x((HIDDEN,), dev, 1)
     _check(rmsnorm(x, w), rmsnorm_reference(x, w))
     sets = rotating_inputs(lambda i: (_x((TOKENS, HIDDEN), dev, i), w), dev)
     ours = time_fn(lambda x, w: rmsnorm(x, w), sets)
     base = time_fn(_torch_rmsnorm, sets)
-    yield BenchRow("rmsnorm", config, ours, bytes=_rms_bytes(False),
+    yield BenchRow("rmsnorm", f"{TOKENS}x{HIDDEN} bf16", ours, bytes=_rms_bytes(False),
                    flops=4.0 * TOKENS * HIDDEN, baseline=("torch F.rms_norm", base),
                    target_us=70.0, backend="cuda")
 
@@ -90,10 +87,9 @@ def _torch_fused(x, r, w, eps=1e-6):
          help="fused_add_rmsnorm 8192x8192 bf16 (in place) vs eager torch add + F.rms_norm")
 def bench_fused_add_rmsnorm(args: RoutineArgs):
     dev = torch.device(args.device)
-    # A/B: fused_nv=N builds the kernel with FI_FUSED_NV=N (vectors per thread it starts from),
-    # evict=N with FI_NORM_EVICT=N (evict-first row stores)
-    config = f"{TOKENS}x{HIDDEN} bf16" + apply_tuning(
-        args, norm_spec_module, {"fused_nv": "FUSED_NV", "evict": "EVICT"}, norm_spec_module.norm_spec)
+    # A/B: fused_nv=N builds the kernel with FI_FUSED_NV=N (vectors per thread it starts from)
+    config = f"{TOKENS}x{HIDDEN} bf16" + apply_tuning(args, norm_spec_module, {"fused_nv": "FUSED_NV"},
+                                                       norm_spec_module.norm_spec)
     x, r, w = _x((TOKENS, HIDDEN), dev, 0), _x((TOKENS, HIDDEN), dev, 1), _x((HIDDEN,), dev, 2)
     want_x, want_r = fused_add_rmsnorm_reference(x, r, w)
     fused_add_rmsnorm(x, r, w)

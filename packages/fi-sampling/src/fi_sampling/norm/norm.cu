@@ -32,12 +32,6 @@
 #define FI_FUSED_NV 2
 #endif
 
-// 1: the register kernels' row stores (output, and the fused residual) carry the evict-first L2
-// policy (fi/vec.cuh); 0: plain stores. A/B switch (bench option evict=N, tools/ab_memops.py).
-#ifndef FI_NORM_EVICT
-#define FI_NORM_EVICT 0
-#endif
-
 namespace {
 
 using T = FI_T;
@@ -55,15 +49,6 @@ constexpr int regs_cap(int vw, int nv, int arrays) {
   const int words = nv * (vw >= 2 ? vw / 2 : 1) * arrays + 4 * nv + 32;
   const int r = (words + 7) / 8 * 8;
   return r < 64 ? 64 : (r > 120 ? 120 : r);
-}
-
-// A row vector's store in the register kernels (FI_NORM_EVICT).
-template <int VW>
-FI_DEVICE void store_row(const fi::vec_t<T, VW>& v, T* p) {
-  if constexpr (FI_NORM_EVICT != 0 && VW * sizeof(T) == 16)
-    fi::store16_evict_first(p, *reinterpret_cast<const uint4*>(&v));
-  else
-    v.store(p);
 }
 
 FI_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -163,7 +148,7 @@ rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
 #pragma unroll
         for (int j = 0; j < VW; ++j)
           xv[i][j] = fi::from_float<T>(fi::to_float(xv[i][j]) + fi::to_float(rv[i][j]));
-        store_row<VW>(xv[i], rrow + (int64_t)v * VW);
+        xv[i].store(rrow + (int64_t)v * VW);
       }
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
@@ -199,7 +184,7 @@ rmsnorm_regs_kernel(T* out, const T* in, T* res, const T* __restrict__ w, int64_
 #pragma unroll
       for (int j = 0; j < VW; ++j)
         o[j] = fi::from_float<T>(fi::to_float(xv[i][j]) * rrms * (fi::to_float(wv[j]) + w_offset));
-      store_row<VW>(o, orow + (int64_t)v * VW);
+      o.store(orow + (int64_t)v * VW);
     }
   }
 }
