@@ -312,96 +312,42 @@ FI_DEVICE void mbar_wait(uint64_t* bar, uint32_t phase) {
       "r"(phase)
       : "memory");
 }
-// L2 cache policies of the TMA loads, an A/B switch (FI_FA3_VARIANT bits 4096 / 8192): 0 = none
-// (the default); 1 = Q evict-first (read once per work tile), K/V evict-last (re-read by the
-// other query heads and tiles of their KV head); 2 = Q evict-first only; 3 = Q and K/V
-// evict-first (the control: K/V reuse through L2 made harder).
-constexpr int kL2Hint = (FI_FA3_VARIANT >> 12) & 3;
-FI_DEVICE uint64_t l2_policy(bool keep) {
-  uint64_t pol = 0;
-  if (keep)
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  else
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
+FI_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
 }
-FI_DEVICE uint64_t q_policy() { return l2_policy(false); }
-FI_DEVICE uint64_t kv_policy() {
-  if constexpr (kL2Hint == 2) {
-    uint64_t pol;
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-  }
-  return l2_policy(kL2Hint == 1);
-}
-FI_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
-                           uint64_t pol = 0) {
-  if constexpr (kL2Hint != 0)
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(pol)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
-}
-FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
-                           uint64_t pol = 0);
+FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2);
 // Rows `token..` of one head; heads_outer maps (HND-strided tensors) have dims (d, token, head).
 FI_DEVICE void tma_load_rows(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int head, int token,
-                             int heads_outer, uint64_t pol = 0) {
-  tma_load_3d(dst, map, bar, col, heads_outer ? token : head, heads_outer ? head : token, pol);
+                             int heads_outer) {
+  tma_load_3d(dst, map, bar, col, heads_outer ? token : head, heads_outer ? head : token);
 }
-FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, uint64_t pol) {
-  if constexpr (kL2Hint != 0)
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
+FI_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 // Multicast forms (kMcast): the box lands at the same offset in every CTA of `mask` and completes
 // bytes on the barrier at the same offset in each.
 FI_DEVICE void tma_load_4d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t mask, int c0, int c1, int c2,
-                              int c3, uint64_t pol = 0) {
-  if constexpr (kL2Hint != 0)
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%4, %5, %6, %7}], [%2], %3, %8;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-        "l"(pol)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
+                              int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
 }
-FI_DEVICE void tma_load_3d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t mask, int c0, int c1, int c2,
-                              uint64_t pol = 0) {
-  if constexpr (kL2Hint != 0)
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%4, %5, %6}], [%2], %3, %7;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%4, %5, %6}], [%2], %3;" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2)
-        : "memory");
+FI_DEVICE void tma_load_3d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t mask, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5, %6}], [%2], %3;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
 }
 FI_DEVICE uint32_t cluster_rank() {
   uint32_t r;
@@ -610,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           mbar_expect_tx(&ss.bar_q, kQBytes);  // arrives: releases the descriptor with it
           for (int bx = 0; bx < kBoxes; ++bx)
             tma_load_rows(&ss.q[bx * kBlockM * kBoxCols], &p.tma_q, &ss.bar_q, bx * kBoxCols, w.head,
-                          w.qo_start + w.m_block * kBlockM, p.q_heads_outer, q_policy());
+                          w.qo_start + w.m_block * kBlockM, p.q_heads_outer);
         } else {
           mbar_arrive(&ss.bar_q);
         }
@@ -659,11 +605,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
                 Element* k_dst = &ss.k[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
                 if (mc)
                   tma_load_4d_mc(k_dst + rank * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], 3, rank * kBoxCols, c1, c2,
-                                 pg[i], kv_policy());
+                                 pg[i]);
                 else
                   for (int bx = 0; bx < kBoxes; ++bx)
-                    tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, pg[i],
-                                kv_policy());
+                    tma_load_4d(k_dst + bx * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], bx * kBoxCols, c1, c2, pg[i]);
               }
             }
             mbar_wait(&ss.empty_v[s], empty_phase);
@@ -675,11 +620,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
                 Element* v_dst = &ss.v[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
                 if (mc)
                   tma_load_4d_mc(v_dst + rank * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], 3, rank * kBoxCols, c1, c2,
-                                 pg[i], kv_policy());
+                                 pg[i]);
                 else
                   for (int bx = 0; bx < kBoxes; ++bx)
-                    tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, pg[i],
-                                kv_policy());
+                    tma_load_4d(v_dst + bx * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], bx * kBoxCols, c1, c2, pg[i]);
               }
             }
           } else {  // d = 256: warp 0, lane j issues box j; lane 0 does the barrier work
@@ -697,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
               if (lane < boxes) {
                 Element* dst = &ring[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
                 for (int bx = 0; bx < kBoxes; ++bx)
-                  tma_load_4d(dst + bx * kBlockN * kBoxCols, map, full, bx * kBoxCols, c1, c2, page, kv_policy());
+                  tma_load_4d(dst + bx * kBlockN * kBoxCols, map, full, bx * kBoxCols, c1, c2, page);
               }
             };
             load(ss.k, &p.tma_k, &ss.full_k[s], &ss.empty_k[s]);
@@ -711,11 +655,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             mbar_wait(empty, empty_phase);
             mbar_expect_tx(full, kKVBytes);
             if (mc)
-              tma_load_3d_mc(stage + rank * kBlockN * kBoxCols, map, full, 3, rank * kBoxCols, r1, r2, kv_policy());
+              tma_load_3d_mc(stage + rank * kBlockN * kBoxCols, map, full, 3, rank * kBoxCols, r1, r2);
             else
               for (int bx = 0; bx < kBoxes; ++bx)
                 tma_load_rows(stage + bx * kBlockN * kBoxCols, map, full, bx * kBoxCols, kv_head, tok,
-                              p.kv_heads_outer, kv_policy());
+                              p.kv_heads_outer);
           };
           load(&ss.k[s * kBlockN * kHeadDim], &p.tma_k, &ss.full_k[s], &ss.empty_k[s]);
           load(&ss.v[s * kBlockN * kHeadDim], &p.tma_v, &ss.full_v[s], &ss.empty_v[s]);
