@@ -1,6 +1,6 @@
-"""What the interleaved A/B tools (ab_fa3.py, ab_fa2.py, ab_gemv.py, ab_decode.py) share: checking
-and capturing each (case, build), timing the captured CUDA graphs in turns, the per-case report,
-and the JSON form tools/bench_summary.py renders.
+"""What the interleaved A/B tools (ab_fa3.py, ab_fa2.py, ab_gemv.py, ab_decode.py, ab_memops.py)
+share: checking and capturing each (case, build), timing the captured CUDA graphs in turns, the
+per-case report, and the JSON form tools/bench_summary.py renders.
 
 Separate bench processes drift by several per cent on the lent H200, more than the changes being
 compared; builds replayed in alternating order within one process see the same drift.

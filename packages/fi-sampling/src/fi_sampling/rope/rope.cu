@@ -425,9 +425,9 @@ __global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(c
 
 // Cos/sin-cache kernel, streaming form (variant 7, the default): a grid of resident blocks whose
 // threads walk the items item, item + stride, ... (an item is rope_cache_kernel's thread: a token,
-// a group of HEADS heads, a lane). The next item's position and head loads are issued before the current
-// item's cache row is read and its heads are rotated and stored, so a thread always has a load
-// round in flight. Items are disjoint, so in-place calls cannot alias across them.
+// a group of HEADS heads, a lane). The next item's position and head loads are issued before the
+// current item's cache row is read and its heads are rotated and stored, so a thread always has a
+// load round in flight. Items are disjoint, so in-place calls cannot alias across them.
 template <bool INTERLEAVE, int VEC, int HEADS>
 struct StreamItem {
   int64_t t = 0, pos = 0;
