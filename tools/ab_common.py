@@ -67,6 +67,17 @@ def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: flo
     return g
 
 
+def capture_cycle(fn, sets: list, min_calls: int = 20):
+    """A CUDA graph of ``fn(*set)`` cycling through the input sets (at least ``min_calls`` calls, a
+    whole number of cycles). Returns (graph, calls)."""
+    k = -(-max(min_calls, len(sets)) // len(sets)) * len(sets)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(k):
+            fn(*sets[i % len(sets)])
+    return g, k
+
+
 def parse_switches(build: str) -> dict[str, int]:
     """A build's compile switches: ``0`` (none) or NAME=INT[,NAME=INT...], names upper-cased."""
     if build == "0":

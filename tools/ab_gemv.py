@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, build_only, measure, parse_switches
+from ab_common import arg_parser, build_only, capture_cycle, measure, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -152,12 +152,7 @@ def main() -> int:
                     raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: rel {err:.3e}")
             else:
                 refs[name] = got.clone()
-            k = -(-max(20, len(sets)) // len(sets)) * len(sets)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(k):
-                    fn(*sets[i % len(sets)])
-            graphs[(name, b)], calls[(name, b)] = g, k
+            graphs[(name, b)], calls[(name, b)] = capture_cycle(fn, sets)
     measure(args, graphs, calls, names, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7,
             "ab_gemv.py", "gemv", NOTE)
     return 0

@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, build_only, measure, parse_switches
+from ab_common import arg_parser, build_only, capture_cycle, measure, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -160,12 +160,7 @@ def main() -> int:
                     refs[name] = got
             fn(*sets[0])  # loads the module outside the capture
             torch.cuda.synchronize()
-            k = -(-max(20, len(sets)) // len(sets)) * len(sets)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(k):
-                    fn(*sets[i % len(sets)])
-            graphs[(name, b)], calls[(name, b)] = g, k
+            graphs[(name, b)], calls[(name, b)] = capture_cycle(fn, sets)
     measure(args, graphs, calls, names, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 8,
             "ab_memops.py", "fi-sampling memory-bound ops", NOTE)
     return 0

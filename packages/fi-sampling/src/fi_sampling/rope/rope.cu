@@ -366,70 +366,13 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p) {
   }
 }
 
-// Cos/sin-cache kernel. A thread is one (token, group of HEADS heads, lane), like rope_kernel's,
-// but its loads are ordered for latency: the position load, then the loads of all its heads (they
-// do not depend on the position, and nothing is stored yet, so in-place aliasing cannot hold them
-// back), then the cache row (which waits on the position while the head loads are in flight),
-// then the rotations and stores. The register cap (kCacheMinBlocks) keeps all HEADS heads in
-// registers with more threads per SM than rope_kernel's 3 blocks.
+// A work item of the cos/sin-cache kernels: one (token, group of HEADS heads, lane), like
+// rope_kernel's thread, with its loads ordered for latency. load(): the position load, then the
+// loads of all its heads (they do not depend on the position, and nothing is stored yet, so
+// in-place aliasing cannot hold them back). finish(): the cache row (which waited on the position
+// while the head loads were in flight), then the rotations and stores.
 template <bool INTERLEAVE, int VEC, int HEADS>
-__global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(const RopeParams p) {
-  const int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
-  const int64_t per_token = (int64_t)p.groups * p.lanes;
-  const int64_t t = item / per_token;
-  if (t >= p.nnz) return;
-  const int rem = static_cast<int>(item - t * per_token);
-  const int g = rem / p.lanes;
-  const int lane = rem - g * p.lanes;
-  const int h0 = g * HEADS;
-  const int n = min(HEADS, p.hq + p.hk - h0);  // heads of this thread (fewer in the last group)
-
-  if (lane >= p.rot_lanes) {
-    // Tail copy (out-of-place only): elements [rotary_dim, head_dim) pass through unchanged.
-    const int off = 2 * p.half + (lane - p.rot_lanes) * VEC;
-    Packed<VEC> x[HEADS];
-#pragma unroll
-    for (int j = 0; j < HEADS; ++j)
-      if (j < n) x[j].load_no_l1(head_in(p, t, h0 + j) + off);
-#pragma unroll
-    for (int j = 0; j < HEADS; ++j)
-      if (j < n) x[j].store(head_out(p, t, h0 + j) + off);
-    return;
-  }
-
-  const int f0 = lane * VEC;
-  const int off_a = INTERLEAVE ? 2 * f0 : f0;
-  const int off_b = INTERLEAVE ? 2 * f0 + VEC : f0 + p.half;
-  const int64_t pos = token_position(p, t);
-  Packed<VEC> a[HEADS], b[HEADS];
-#pragma unroll
-  for (int j = 0; j < HEADS; ++j) {
-    if (j < n) {
-      const T* src = head_in(p, t, h0 + j);
-      a[j].load_no_l1(src + off_a);
-      b[j].load_no_l1(src + off_b);
-    }
-  }
-  float c[VEC], s[VEC];
-  load_cos_sin<VEC, true>(p, pos, f0, c, s);
-#pragma unroll
-  for (int j = 0; j < HEADS; ++j) {
-    if (j < n) {
-      rotate_packed<INTERLEAVE, VEC>(a[j], b[j], c, s);
-      T* dst = head_out(p, t, h0 + j);
-      a[j].store(dst + off_a);
-      b[j].store(dst + off_b);
-    }
-  }
-}
-
-// Cos/sin-cache kernel, streaming form (variant 7, the default): a grid of resident blocks whose
-// threads walk the items item, item + stride, ... (an item is rope_cache_kernel's thread: a token,
-// a group of HEADS heads, a lane). The next item's position and head loads are issued before the
-// current item's cache row is read and its heads are rotated and stored, so a thread always has a
-// load round in flight. Items are disjoint, so in-place calls cannot alias across them.
-template <bool INTERLEAVE, int VEC, int HEADS>
-struct StreamItem {
+struct CacheItem {
   int64_t t = 0, pos = 0;
   int h0 = 0, n = 0, lane = 0;
   Packed<VEC> a[HEADS], b[HEADS];
@@ -488,13 +431,28 @@ struct StreamItem {
   }
 };
 
+// Variant 1: one thread per item. The register cap (kCacheMinBlocks) keeps all HEADS heads in
+// registers with more threads per SM than rope_kernel's 3 blocks.
+template <bool INTERLEAVE, int VEC, int HEADS>
+__global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_kernel(const RopeParams p) {
+  const int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
+  if (item >= p.nnz * (int64_t)p.groups * p.lanes) return;
+  CacheItem<INTERLEAVE, VEC, HEADS> it;
+  it.load(p, item);
+  it.finish(p);
+}
+
+// Variant 7, the default, the streaming form: a grid of resident blocks whose threads walk the
+// items item, item + stride, ... The next item's position and head loads are issued before the
+// current item's cache row is read and its heads are rotated and stored, so a thread always has a
+// load round in flight. Items are disjoint, so in-place calls cannot alias across them.
 template <bool INTERLEAVE, int VEC, int HEADS>
 __global__ void __launch_bounds__(kThreads, kCacheMinBlocks) rope_cache_stream_kernel(const RopeParams p) {
   const int64_t total = p.nnz * (int64_t)p.groups * p.lanes;
   const int64_t stride = (int64_t)gridDim.x * kThreads;
   int64_t item = blockIdx.x * (int64_t)kThreads + threadIdx.x;
   if (item >= total) return;
-  StreamItem<INTERLEAVE, VEC, HEADS> cur, nxt;
+  CacheItem<INTERLEAVE, VEC, HEADS> cur, nxt;
   cur.load(p, item);
   // Two copies of the loop body with the roles swapped, so no item is copied between registers.
   for (;;) {
