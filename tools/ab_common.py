@@ -36,6 +36,13 @@ def arg_parser(doc: str, rounds: int, cases: str, warmup_s: float,
     return ap
 
 
+def parse_builds(doc: str, cases: str, parse_build, rounds: int = 9, warmup_s: float = 2.0):
+    """The command line of a tool whose builds are switch sets: (args, {build: parse_build(build)},
+    case names)."""
+    args = arg_parser(doc, rounds=rounds, cases=cases, warmup_s=warmup_s).parse_args()
+    return args, {b: parse_build(b) for b in args.builds}, args.cases.split(",")
+
+
 def build_only(specs) -> int:
     """--build-only: compile the modules the builds need (distinct specs, in one parallel build)
     into the kernel cache, say which, and return the exit status."""
@@ -65,6 +72,21 @@ def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: flo
         for _ in range(calls):
             run()
     return g
+
+
+def agree(refs: dict, name: str, build: str, got, rel_tol: float = 0.0) -> None:
+    """Every build's output ``got`` of case ``name`` must match the first checked build's: bit for
+    bit (rel_tol 0) or within ``rel_tol`` of its largest magnitude (NaN never matches); the tool
+    stops otherwise. ``refs`` keeps the first build's output per case."""
+    if name not in refs:
+        refs[name] = (build, got.clone())
+        return
+    first, ref = refs[name]
+    err = (got - ref).abs().max().item()
+    if rel_tol:
+        err /= max(ref.abs().max().item(), 1e-6)
+    if not err <= rel_tol:
+        raise SystemExit(f"build {build} differs from build {first} on {name}: {err:.3e}")
 
 
 def capture_cycle(fn, sets: list, min_calls: int = 20):

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, build_only, capture_cycle, measure, parse_switches
+from ab_common import agree, build_only, capture_cycle, measure, parse_builds, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -117,9 +117,7 @@ def make_cases(names: list[str], dev):
 
 
 def main() -> int:
-    args = arg_parser(__doc__, rounds=9, cases=ALL_CASES, warmup_s=2.0).parse_args()
-    builds = {b: parse_build(b) for b in args.builds}
-    names = args.cases.split(",")
+    args, builds, names = parse_builds(__doc__, ALL_CASES, parse_build)
 
     if args.build_only:
         from fi_core import Arch  # noqa: PLC0415
@@ -145,13 +143,7 @@ def main() -> int:
             fn = base if sw is None else ours
             got = fn(*sets[0]).float().reshape(-1)  # loads the module outside the capture; torch
             # returns some cases batched ([1, m, n], [segments, rows, n]), so compare flat
-            torch.cuda.synchronize()
-            if name in refs:  # every build must agree with the first on the same inputs
-                err = ((got - refs[name]).abs().max() / refs[name].abs().max().clamp_min(1e-6)).item()
-                if not err < 2e-2:
-                    raise SystemExit(f"build {b} differs from build {args.builds[0]} on {name}: rel {err:.3e}")
-            else:
-                refs[name] = got.clone()
+            agree(refs, name, b, got, rel_tol=2e-2)  # every build agrees with the first
             graphs[(name, b)], calls[(name, b)] = capture_cycle(fn, sets)
     measure(args, graphs, calls, names, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7,
             "ab_gemv.py", "gemv", NOTE)

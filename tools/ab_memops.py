@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-from ab_common import arg_parser, build_only, capture_cycle, measure, parse_switches
+from ab_common import agree, build_only, capture_cycle, measure, parse_builds, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -123,9 +123,7 @@ def make_cases(names: list[str], dev):
 
 
 def main() -> int:
-    args = arg_parser(__doc__, rounds=9, cases=ALL_CASES, warmup_s=2.0).parse_args()
-    builds = {b: parse_build(b) for b in args.builds}
-    names = args.cases.split(",")
+    args, builds, names = parse_builds(__doc__, ALL_CASES, parse_build)
 
     if args.build_only:
         from fi_core import Arch  # noqa: PLC0415
@@ -151,13 +149,7 @@ def main() -> int:
             fn = floor if sw is None else run
             if sw is not None:  # every kernel build must give the first kernel build's result
                 got = torch.cat([t.float().flatten() for t in run(*(t.clone() for t in pristine[name]))])
-                torch.cuda.synchronize()
-                if name in refs:
-                    err = (got - refs[name]).abs().max().item()
-                    if err != 0:
-                        raise SystemExit(f"build {b} differs from the first kernel build on {name}: {err:.3e}")
-                else:
-                    refs[name] = got
+                agree(refs, name, b, got)
             fn(*sets[0])  # loads the module outside the capture
             torch.cuda.synchronize()
             graphs[(name, b)], calls[(name, b)] = capture_cycle(fn, sets)
