@@ -58,15 +58,7 @@ def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: flo
     """A CUDA graph of ``calls`` runs of one (case, build). ``run()`` launches the case and returns
     its output; the first call (outside the capture: it loads the module) must match the first
     build's output of the case within ``tol`` (same math on the same inputs), or the tool stops."""
-    out = run()
-    torch.cuda.synchronize()
-    if name in refs:
-        first, ref = refs[name]
-        err = (out.float() - ref).abs().max().item()
-        if not err < tol:
-            raise SystemExit(f"build {build} differs from build {first} on {name}: {err:.3e}")
-    else:
-        refs[name] = (build, out.float().clone())
+    agree(refs, name, build, run().float(), tol)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(calls):
@@ -74,18 +66,19 @@ def capture_checked(run, name: str, build: str, refs: dict, calls: int, tol: flo
     return g
 
 
-def agree(refs: dict, name: str, build: str, got, rel_tol: float = 0.0) -> None:
+def agree(refs: dict, name: str, build: str, got, tol: float | None = None, relative: bool = False) -> None:
     """Every build's output ``got`` of case ``name`` must match the first checked build's: bit for
-    bit (rel_tol 0) or within ``rel_tol`` of its largest magnitude (NaN never matches); the tool
-    stops otherwise. ``refs`` keeps the first build's output per case."""
+    bit (``tol`` None), or with its largest difference under ``tol`` (relative: divided by the
+    first output's largest magnitude); NaN never matches and the tool stops otherwise. ``refs``
+    keeps the first build's output per case."""
     if name not in refs:
         refs[name] = (build, got.clone())
         return
     first, ref = refs[name]
     err = (got - ref).abs().max().item()
-    if rel_tol:
+    if relative:
         err /= max(ref.abs().max().item(), 1e-6)
-    if not err <= rel_tol:
+    if not (err == 0 if tol is None else err < tol):
         raise SystemExit(f"build {build} differs from build {first} on {name}: {err:.3e}")
 
 

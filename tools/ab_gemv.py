@@ -143,7 +143,7 @@ def main() -> int:
             fn = base if sw is None else ours
             got = fn(*sets[0]).float().reshape(-1)  # loads the module outside the capture; torch
             # returns some cases batched ([1, m, n], [segments, rows, n]), so compare flat
-            agree(refs, name, b, got, rel_tol=2e-2)  # every build agrees with the first
+            agree(refs, name, b, got, 2e-2, relative=True)  # every build agrees with the first
             graphs[(name, b)], calls[(name, b)] = capture_cycle(fn, sets)
     measure(args, graphs, calls, names, {n: work[n][0] / 1e6 for n in names}, "tb_s", "TB/s", 7,
             "ab_gemv.py", "gemv", NOTE)
