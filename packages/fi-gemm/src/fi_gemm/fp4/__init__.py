@@ -1,0 +1,1 @@
+"""FP4 (NVFP4 / MXFP4) GEMM and quantisers."""

@@ -1,0 +1,190 @@
+"""mm_fp4: FP4 (NVFP4 / MXFP4) block-scaled GEMM with FlashInfer's parameters.
+
+FlashInfer runs it on Blackwell's FP4 tensor cores only. Hopper, Ada and Ampere have none, so
+here both operands are expanded to bf16 by ``fi_fp4_dequant`` (exact: code * block scale fits
+bf16) and multiplied by fi-gemm's bf16 GEMM (the weight-streaming kernel at M <= 16, CUTLASS
+above), with ``alpha`` applied in its fp32 epilogue. The result equals the fp32 reference up to
+the accumulation order. The bf16 copies cost a pass over the FP4 bytes and a write and read of 4x
+as many: a fused FP4 decode kernel (reading the packed weight directly) is not built yet.
+
+Backends: ``dequant_bf16`` (sm_80+), ``reference`` (fp32 torch, CPU always).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+
+from ..dense.api import _gemm_dispatch, _rep_specs
+from .reference import mm_fp4_reference, sf_shape
+from .spec import dequant_spec
+
+_OUT = (torch.bfloat16, torch.float16)
+_FP4 = tuple(t for t in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if t is not None)
+_E4M3_SF = (torch.uint8, torch.float8_e4m3fn)
+_UE8M0_SF = tuple(t for t in (torch.uint8, getattr(torch, "float8_e8m0fnu", None)) if t is not None)
+_LAYOUT_CODE = {"128x4": 0, "8x4": 1, "linear": 2}
+# FlashInfer's backend names all mean "the best path we have".
+_ALIASES = ("auto", "cudnn", "trtllm", "cutlass", "cute-dsl")
+
+MM_FP4 = register_op(OpInfo(
+    name="mm_fp4", family="fi-gemm", api="flashinfer.gemm.mm_fp4", stability="experimental",
+    backends=(Backend("dequant_bf16", min_arch="8.0",
+                      notes="FP4 -> bf16 (exact) then the bf16 GEMM; no FP4 tensor cores before sm_100"),
+              Backend("reference", devices=("cpu", "cuda"), notes="fp32 dequantised torch math")),
+    specs=lambda arch: [dequant_spec(arch), *_rep_specs(torch.bfloat16, torch.bfloat16)(arch)]))
+
+
+def _codes(name: str, t: torch.Tensor) -> torch.Tensor:
+    checks.tensor(name, t)
+    checks.dtype(name, t, _FP4)
+    checks.ndim(name, t, (2,))
+    return t.view(torch.uint8)
+
+
+def _scale_bytes(name: str, t: torch.Tensor, rows: int, cols: int, layout: str,
+                 allowed: tuple, device: torch.device) -> torch.Tensor:
+    """The scale tensor's bytes in storage order: fp4_quantize's buffer, or its transpose (how
+    FlashInfer passes b_descale)."""
+    checks.tensor(name, t)
+    checks.dtype(name, t, allowed)
+    if t.device != device:
+        raise InputError(f"{name} must be on {device} like a, got {t.device}")
+    if not t.is_contiguous():
+        if t.dim() == 2 and t.T.is_contiguous():
+            t = t.T
+        else:
+            raise InputError(f"{name} must be the contiguous scale buffer fp4_quantize returns (or its "
+                             f"transpose), got shape {tuple(t.shape)} with strides {t.stride()}")
+    pr, pc = sf_shape(rows, cols, layout)
+    if t.numel() != pr * pc:
+        raise InputError(f"{name} must hold {pr} x {pc} = {pr * pc} scales ({rows} rows x {cols} blocks "
+                         f"in the {layout} layout, padded), got {t.numel()} (shape {tuple(t.shape)})")
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _dequant(mod, q: torch.Tensor, sf: torch.Tensor, k: int, block: int, layout: str, ue8m0: bool,
+             stream: int) -> torch.Tensor:
+    rows = q.shape[0]
+    out = torch.empty((rows, k), dtype=torch.bfloat16, device=q.device)
+    ldq = q.stride(0) if rows > 1 else q.shape[1]
+    mod.fi_fp4_dequant(out.data_ptr(), q.data_ptr(), sf.data_ptr(), rows, k, ldq, k, block,
+                       _LAYOUT_CODE[layout], int(ue8m0), stream)
+    return out
+
+
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale: torch.Tensor,
+           alpha: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+           out: Optional[torch.Tensor] = None, block_size: int = 16, use_8x4_sf_layout: bool = False,
+           backend: str = "auto", use_nvfp4: bool = True, enable_pdl: bool = True) -> torch.Tensor:
+    """FP4 GEMM ``(deq(a) @ deq(b)) * alpha`` with NVFP4 or MXFP4 block scales.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        [m, k / 2] uint8 (or float4_e2m1fn_x2): packed e2m1 codes, two per byte, row-major.
+    b : torch.Tensor
+        [k / 2, n], column-major: ``w.T`` of a row-major [n, k / 2] packed weight.
+    a_descale : torch.Tensor
+        a's block scales as fp4_quantize returns them: [ceil(m, 128), ceil(k / block_size, 4)]
+        in the 128x4 layout, or [ceil(m, 8), ...] in the 8x4 layout when ``use_8x4_sf_layout``.
+        float8_e4m3fn or uint8 (NVFP4); uint8 UE8M0 (MXFP4).
+    b_descale : torch.Tensor
+        w's block scales in the 128x4 layout, as returned for w or transposed (``sf.T``).
+    alpha : torch.Tensor, optional
+        One-element float32 tensor multiplied into the result (NVFP4: ``1 / (global_scale_a *
+        global_scale_b)``); None means 1.
+    out_dtype : torch.dtype
+        bfloat16 (default) or float16.
+    out : torch.Tensor, optional
+        [m, n] of ``out_dtype``.
+    block_size : int
+        16 with ``use_nvfp4=True``, 32 with ``use_nvfp4=False`` (MXFP4).
+    use_8x4_sf_layout : bool
+        a_descale in the 8x4 layout (b_descale is always 128x4).
+    backend : str
+        FlashInfer's names ("auto", "cudnn", "trtllm", "cutlass", "cute-dsl") pick the best path;
+        "dequant_bf16" or "reference" force one.
+    use_nvfp4 : bool
+        NVFP4 (e4m3 scales per 16) or MXFP4 (UE8M0 scales per 32).
+    enable_pdl : bool
+        Accepted for compatibility.
+
+    Returns
+    -------
+    torch.Tensor
+        [m, n] of ``out_dtype``: fp32 accumulation, one rounding.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import mm_fp4, fp4_quantize
+    >>> x, w = torch.randn(4, 64), torch.randn(32, 64)
+    >>> a, sa = fp4_quantize(x)
+    >>> b, sb = fp4_quantize(w)
+    >>> mm_fp4(a, b.T, sa, sb.T).shape
+    torch.Size([4, 32])
+
+    See Also
+    --------
+    fp4_quantize, nvfp4_quantize, mxfp4_quantize : make the operands.
+    """
+    a = _codes("a", a)
+    b = _codes("b", b)
+    m, half = a.shape
+    if b.shape[0] != half:
+        raise InputError(f"b must be [k / 2, n] = [{half}, n] to match a [{m}, {half}], got {tuple(b.shape)}")
+    n, k = b.shape[1], 2 * half
+    if use_nvfp4 and block_size != 16:
+        raise UnsupportedError(f"NVFP4 (use_nvfp4=True) has block_size 16, got {block_size}")
+    if not use_nvfp4 and block_size != 32:
+        raise UnsupportedError(f"MXFP4 (use_nvfp4=False) has block_size 32, got {block_size}")
+    if k % block_size:
+        raise InputError(f"k = {k} (2 x a.shape[1]) must be a multiple of block_size = {block_size}")
+    if out_dtype not in _OUT:
+        raise InputTypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+    device = checks.same_device(a=a, b=b, out=out)
+    a_layout = "8x4" if use_8x4_sf_layout else "128x4"
+    allowed = _E4M3_SF if use_nvfp4 else _UE8M0_SF
+    cols = k // block_size
+    sa = _scale_bytes("a_descale", a_descale, m, cols, a_layout, allowed, device)
+    sb = _scale_bytes("b_descale", b_descale, n, cols, "128x4", allowed, device)
+    if alpha is not None:
+        checks.tensor("alpha", alpha)
+        if alpha.dtype != torch.float32 or alpha.numel() != 1:
+            raise InputTypeError(f"alpha must be a one-element float32 tensor, got {alpha.dtype} "
+                                 f"of shape {tuple(alpha.shape)}")
+        if alpha.device != device:
+            raise InputError(f"alpha must be on {device} like a, got {alpha.device}")
+    if backend in _ALIASES:
+        backend = "auto"
+    elif backend not in MM_FP4.backend_names():
+        raise UnsupportedError(f"mm_fp4: unknown backend {backend!r}; choose 'auto', one of "
+                               f"{MM_FP4.backend_names()}, or a FlashInfer name {list(_ALIASES)}")
+    out = checks.output("out", out, (m, n), out_dtype, device)
+    w = b.T  # [n, k / 2], K contiguous when b is column-major
+    if w.stride(-1) != 1 and half > 1:
+        w = w.contiguous()  # b given row-major: correct, one transposed copy per call
+    a = a if a.stride(-1) == 1 or half <= 1 else a.contiguous()
+    if m == 0 or n == 0:
+        return out
+    name = MM_FP4.choose(device, None, requested=backend).name
+    if name == "reference" or k == 0:
+        out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out_dtype, block_size, not use_nvfp4, a_layout))
+        return out
+    # The kernel reads 8 bytes at a time; k is a multiple of 16, so a fresh copy's rows qualify.
+    if a.data_ptr() % 8 or (m > 1 and a.stride(0) % 8):
+        a = a.clone(memory_format=torch.contiguous_format)
+    if w.data_ptr() % 8 or (n > 1 and w.stride(0) % 8):
+        w = w.clone(memory_format=torch.contiguous_format)
+    mod = load(dequant_spec(arch_of(device)))
+    stream = current_stream(device)
+    with on_device(device):
+        af = _dequant(mod, a, sa, k, block_size, a_layout, not use_nvfp4, stream)
+        wf = _dequant(mod, w, sb, k, block_size, "128x4", not use_nvfp4, stream)
+    _gemm_dispatch("mm_bf16", out, af, wf, None, alpha, None, "auto")
+    return out

@@ -1,0 +1,179 @@
+"""FP4 quantisers with FlashInfer's names and parameters: ``fp4_quantize``, ``nvfp4_quantize``,
+``mxfp4_quantize`` and ``SfLayout``.
+
+Recipe (the TensorRT-LLM one FlashInfer's kernels use, so scales and codes agree with theirs up
+to ties in the last rounding):
+
+- NVFP4 (``sf_vec_size=16``, e4m3 scales): per block of 16, ``scale = e4m3(global_scale * amax /
+  6)``; the codes are ``e2m1(x * global_scale / scale)`` (0 where the scale is 0). So
+  ``x ~= code * scale / global_scale``: ``global_scale`` is an *encode* scale (typically
+  ``448 * 6 / amax(x)``) and mm_fp4's ``alpha`` is ``1 / (global_scale_a * global_scale_b)``.
+- MXFP4 (``sf_vec_size=32``, ``sf_use_ue8m0=True``): per block of 32, ``scale = 2 ** ceil(log2(
+  amax / 6))`` (the power of two at or above, UE8M0), codes ``e2m1(x / scale)``; a global scale
+  is not used.
+- e2m1 rounding is to nearest, ties to the even code, saturating at +-6; the sign of a negative
+  value that rounds to zero is kept.
+
+Pure torch (elementwise ops and reductions, no host synchronisation): right for weights at load
+time; an activation quantiser fused into the producing kernel is not provided yet.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+import torch
+
+from fi_core import checks
+from fi_core.errors import InputError, InputTypeError, UnsupportedError
+
+from .reference import sf_offsets, sf_shape
+
+__all__ = ["SfLayout", "fp4_quantize", "mxfp4_quantize", "nvfp4_quantize"]
+
+_IN = (torch.bfloat16, torch.float16, torch.float32)
+# e2m1 rounding: code = number of thresholds passed. At a tie the even code wins, so the
+# thresholds whose upper neighbour is even (1.0, 2.0, 4.0) count when reached, the others only
+# when passed.
+_PASSED = (0.25, 1.25, 2.5, 5.0)
+_REACHED = (0.75, 1.75, 3.5)
+
+
+class SfLayout(enum.Enum):
+    """Scale-factor layouts (FlashInfer's names): 128 x 4 and 8 x 4 swizzled tiles, or linear."""
+
+    layout_128x4 = 0
+    layout_8x4 = 1
+    layout_linear = 2
+
+
+def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    a = y.abs()
+    code = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    for t in _PASSED:
+        code += (a > t).to(torch.uint8)
+    for t in _REACHED:
+        code += (a >= t).to(torch.uint8)
+    return code | (torch.signbit(y).to(torch.uint8) << 3)
+
+
+def _block_scales(amax: torch.Tensor, gs: torch.Tensor, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stored scale bytes, the multiplier that maps x onto the code grid) per block."""
+    if ue8m0:
+        want = amax / 6.0
+        exp = torch.ceil(torch.log2(want.clamp(min=2.0 ** -127))).clamp(-127, 127)
+        raw = (exp + 127).to(torch.uint8)
+        return raw, torch.pow(2.0, -exp.double()).float()
+    q = (gs * (amax / 6.0)).clamp(max=448.0).to(torch.float8_e4m3fn)
+    qf = q.float()
+    mult = torch.where(qf > 0, gs / torch.where(qf > 0, qf, torch.ones_like(qf)), torch.zeros_like(qf))
+    return q.view(torch.uint8), mult
+
+
+def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
+                 sf_vec_size: int = 16, sf_use_ue8m0: bool = False,
+                 is_sf_swizzled_layout: bool = True, is_sf_8x4_layout: bool = False,
+                 enable_pdl: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise to packed FP4 (e2m1) with block scales (NVFP4 or MXFP4).
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        [..., k] bfloat16, float16 or float32; ``k`` a multiple of ``sf_vec_size``.
+    global_scale : torch.Tensor, optional
+        One-element float32 *encode* scale (NVFP4; typically ``448 * 6 / amax``). None means 1.
+        Ignored for UE8M0 scales.
+    sf_vec_size : int
+        16 (NVFP4) or 32 (MXFP4).
+    sf_use_ue8m0 : bool
+        UE8M0 (power-of-two) scales instead of float8_e4m3fn ones.
+    is_sf_swizzled_layout, is_sf_8x4_layout : bool
+        Scale layout: "128x4" (default), "8x4", or linear when not swizzled.
+    enable_pdl : bool, optional
+        Accepted for compatibility; these are torch ops.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        Codes uint8 [rows, k / 2] (rows = the product of the leading dims; element 2i in the low
+        nibble) and scale bytes uint8: [ceil(rows, 128), ceil(k / sf_vec_size, 4)] for 128x4,
+        [ceil(rows, 8), ...] for 8x4, [rows, k / sf_vec_size] linear.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import fp4_quantize
+    >>> x = torch.tensor([[6.0, -3.0, 0.5, 0.0] * 4])
+    >>> q, sf = fp4_quantize(x, torch.ones(1))
+    >>> q.shape, sf.shape, hex(q[0, 0].item())
+    (torch.Size([1, 8]), torch.Size([128, 4]), '0xd7')
+    """
+    checks.tensor("input", input)
+    checks.dtype("input", input, _IN)
+    if sf_vec_size not in (16, 32):
+        raise InputError(f"sf_vec_size must be 16 (NVFP4) or 32 (MXFP4), got {sf_vec_size}")
+    if input.dim() < 1 or input.shape[-1] % sf_vec_size:
+        raise InputError(f"input's last dimension must be a multiple of sf_vec_size = {sf_vec_size}, "
+                         f"got shape {tuple(input.shape)}")
+    k = input.shape[-1]
+    x = input.reshape(-1, k).float()
+    rows = x.shape[0]
+    gs = torch.ones((), device=x.device)
+    if global_scale is not None and not sf_use_ue8m0:
+        checks.tensor("global_scale", global_scale)
+        if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
+            raise InputTypeError(f"global_scale must be a one-element float32 tensor, got "
+                                 f"{global_scale.dtype} of shape {tuple(global_scale.shape)}")
+        if global_scale.device != x.device:
+            raise InputError(f"global_scale must be on {x.device} like input, got {global_scale.device}")
+        gs = global_scale.reshape(())
+    cols = k // sf_vec_size
+    blocks = x.view(rows, cols, sf_vec_size)
+    raw, mult = _block_scales(blocks.abs().amax(dim=-1), gs, sf_use_ue8m0)
+    codes = _e2m1_codes(blocks * mult.unsqueeze(-1)).view(rows, k)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    layout = ("8x4" if is_sf_8x4_layout else "128x4") if is_sf_swizzled_layout else "linear"
+    pr, pc = sf_shape(rows, cols, layout)
+    sf = torch.zeros(pr * pc, dtype=torch.uint8, device=x.device)
+    sf[sf_offsets(rows, cols, layout, x.device)] = raw
+    return packed, sf.view(pr, pc)
+
+
+def nvfp4_quantize(a: torch.Tensor, a_global_sf: torch.Tensor,
+                   sfLayout: SfLayout = SfLayout.layout_128x4, do_shuffle: bool = False,
+                   sf_vec_size: int = 16, enable_pdl: Optional[bool] = None):
+    """NVFP4 quantisation (e4m3 scales per 16): ``fp4_quantize`` with a layout enum.
+
+    ``do_shuffle`` (TensorRT-LLM-gen's weight shuffle for its Blackwell kernels) is not
+    supported: fi's kernels read the plain layouts.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import nvfp4_quantize, SfLayout
+    >>> q, sf = nvfp4_quantize(torch.randn(4, 64), torch.ones(1), SfLayout.layout_8x4)
+    >>> q.shape, sf.shape
+    (torch.Size([4, 32]), torch.Size([8, 4]))
+    """
+    if do_shuffle:
+        raise UnsupportedError("nvfp4_quantize: do_shuffle=True (TensorRT-LLM-gen's weight shuffle) "
+                               "is not supported; fi's mm_fp4 reads the unshuffled layouts")
+    if not isinstance(sfLayout, SfLayout):
+        raise InputTypeError(f"sfLayout must be an SfLayout, got {sfLayout!r}")
+    return fp4_quantize(a, a_global_sf, sf_vec_size, False, sfLayout != SfLayout.layout_linear,
+                        sfLayout == SfLayout.layout_8x4)
+
+
+def mxfp4_quantize(a: torch.Tensor, enable_pdl: Optional[bool] = None):
+    """MXFP4 quantisation: UE8M0 scales per 32 elements in the 128x4 layout.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fi_gemm import mxfp4_quantize
+    >>> q, sf = mxfp4_quantize(torch.full((2, 32), 6.0))
+    >>> q.shape, sf.shape, int(sf[0, 0])
+    (torch.Size([2, 16]), torch.Size([128, 4]), 127)
+    """
+    return fp4_quantize(a, None, 32, True, True, False)
