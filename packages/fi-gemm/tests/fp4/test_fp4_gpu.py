@@ -1,9 +1,11 @@
-"""GPU tests of mm_fp4 and its dequantiser against the fp32 references.
+"""GPU tests of mm_fp4, its FP4 weight-streaming kernel and its dequantiser against the fp32
+references.
 
-Grid reduction: M covers the weight-streaming bf16 kernel (1, 3, 16) and the CUTLASS units (17,
-127, 1024); N = 1000 ends inside a 128-row scale tile; K = 800 has 50 NVFP4 / 25 MXFP4 scale
-columns (a partial 4-column tile of the swizzled layouts); N = K = 4096 is a model layer. Formats:
-NVFP4 with a's scales in the 128x4 and 8x4 layouts, MXFP4.
+Grid reduction: M covers the FP4 weight-streaming kernel (1, 3: one 8-token MMA tile; 9, 16: two)
+and the dequantise + CUTLASS path (17, 127, 1024); N = 1000 ends inside a 16-row slab and a 128-row
+scale tile; K = 800 has 50 NVFP4 / 25 MXFP4 scale columns (a partial 4-column tile of the swizzled
+layouts) and ends inside a 128-wide K step; N = K = 4096 is a model layer. Formats: NVFP4 with a's
+scales in the 128x4 and 8x4 layouts, MXFP4.
 """
 
 import pytest
@@ -14,7 +16,7 @@ from fi_gemm import fp4_quantize, mm_fp4
 from fi_gemm.fp4 import api as fp4_api
 from fi_gemm.fp4.reference import dequantize_fp4, mm_fp4_reference, sf_shape
 from fi_gemm.dense.spec import gemm_sm90_spec, gemv_spec
-from fi_gemm.fp4.spec import dequant_spec
+from fi_gemm.fp4.spec import dequant_spec, gemv_fp4_spec
 
 pytestmark = testing.gpu_only()
 DEV = "cuda"
@@ -26,7 +28,8 @@ _FMT = {"nvfp4": (16, False, False), "nvfp4_8x4": (16, False, True), "mxfp4": (3
 def _warm():
     """The dequantiser and the bf16 GEMM units these shapes reach."""
     arch = arch_of(torch.device(DEV))
-    specs = [dequant_spec(arch), gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, torch.float16, arch)]
+    specs = [dequant_spec(arch), gemv_fp4_spec(bf16, arch), gemv_fp4_spec(torch.float16, arch),
+             gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, torch.float16, arch)]
     if arch.cc == 90:
         specs += [gemm_sm90_spec(bf16, bf16, out, cfg, arch) for out in (bf16, torch.float16)
                   for cfg in ("mid", "large")]
@@ -69,22 +72,43 @@ def _operands(m, n, k, fmt, seed):
     return a, sa, b, sb, (1 / (gx * gw)).float()
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 127, 1024])
+@pytest.mark.parametrize("m", [1, 3, 9, 16, 17, 127, 1024])
 @pytest.mark.parametrize("n, k", [(1000, 800), (4096, 4096)])
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_8x4", "mxfp4"])
 def test_mm_fp4(m, n, k, fmt):
+    _check_mm(m, n, k, fmt, "auto")
+
+
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_mm_fp4_dequant_path_at_decode_shapes(m, fmt):
+    """The dequantise + bf16 GEMM path by name where auto takes the FP4 weight-streaming kernel."""
+    _check_mm(m, 1000, 800, fmt, "dequant_bf16")
+
+
+def test_mm_fp4_k_not_multiple_of_32():
+    """NVFP4 K = 784: the weight-streaming kernel wants whole 32-code chunks, the dequantise path
+    takes the call."""
+    _check_mm(4, 256, 784, "nvfp4", "auto")
+
+
+def _check_mm(m, n, k, fmt, backend):
     block, ue8m0, use_8x4 = _FMT[fmt]
     a, sa, b, sb, alpha = _operands(m, n, k, fmt, seed=m + n)
     out = testing.empty_poisoned((m, n), bf16, DEV)
-    mm_fp4(a, b.T, sa, sb.T, alpha, out=out, block_size=block, use_8x4_sf_layout=use_8x4, use_nvfp4=not ue8m0)
+    mm_fp4(a, b.T, sa, sb.T, alpha, out=out, block_size=block, use_8x4_sf_layout=use_8x4,
+           use_nvfp4=not ue8m0, backend=backend)
     ref = mm_fp4_reference(a, b, sa, sb, alpha, torch.float32, block, ue8m0, "8x4" if use_8x4 else "128x4")
     # outputs are O(sqrt(k)) (alpha undoes the global scales); compare relative to that scale
     testing.assert_close(out.float() / k ** 0.5, ref / k ** 0.5, dtype=bf16)
 
 
-@pytest.mark.parametrize("m", [2, 64])
+@pytest.mark.parametrize("m", [2, 12, 64])
 def test_mm_fp4_fp16_out_row_major_b_and_no_alpha(m):
-    a, sa, b, sb, alpha = _operands(m, 256, 512, "nvfp4", seed=5)
+    """Without alpha the global scales stay in the result, so these operands have none (1)."""
+    x = testing.randn((m, 512), torch.float32, DEV, seed=5)
+    w = testing.randn((256, 512), torch.float32, DEV, seed=6)
+    (a, sa), (b, sb) = fp4_quantize(x), fp4_quantize(w)
     got = mm_fp4(a, b.T.contiguous(), sa, sb, None, torch.float16)
     ref = mm_fp4_reference(a, b, sa, sb, None, torch.float32, 16, False)
     assert got.dtype == torch.float16
@@ -100,3 +124,16 @@ def test_mm_fp4_cuda_graph_replay():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_mm_fp4_weight_view_and_out_stride():
+    """A weight that is a row slice of a larger packed tensor (row stride > k / 2) and an output
+    view with a row stride > n, through the weight-streaming kernel."""
+    a, sa, b, sb, alpha = _operands(5, 512, 1024, "nvfp4", seed=11)
+    wide = torch.zeros((512, 1024), dtype=torch.uint8, device=DEV)
+    wide[:, :512] = b
+    big = testing.empty_poisoned((5, 700), bf16, DEV)
+    out = big[:, :512]
+    mm_fp4(a, wide[:, :512].T, sa, sb.T, alpha, out=out)
+    ref = mm_fp4_reference(a, b, sa, sb, alpha, torch.float32, 16, False)
+    testing.assert_close(out.float() / 32, ref / 32, dtype=bf16)

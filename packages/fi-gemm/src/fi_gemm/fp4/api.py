@@ -1,13 +1,19 @@
 """mm_fp4: FP4 (NVFP4 / MXFP4) block-scaled GEMM with FlashInfer's parameters.
 
 FlashInfer runs it on Blackwell's FP4 tensor cores only. Hopper, Ada and Ampere have none, so
-here both operands are expanded to bf16 by ``fi_fp4_dequant`` (exact: code * block scale fits
-bf16) and multiplied by fi-gemm's bf16 GEMM (the weight-streaming kernel at M <= 16, CUTLASS
-above), with ``alpha`` applied in its fp32 epilogue. The result equals the fp32 reference up to
-the accumulation order. The bf16 copies cost a pass over the FP4 bytes and a write and read of 4x
-as many: a fused FP4 decode kernel (reading the packed weight directly) is not built yet.
+here the codes become bf16 with their block scale folded in (exact: code * scale fits bf16) and
+go through bf16 tensor-core MMAs with fp32 accumulation, ``alpha`` applied at the end. The result
+equals the fp32 reference up to the accumulation order.
 
-Backends: ``dequant_bf16`` (sm_80+), ``reference`` (fp32 torch, CPU always).
+Backends, in preference order:
+
+- ``gemv_fp4`` (M <= 16, sm_80+): the activations are expanded by ``fi_fp4_dequant`` (m x k, tiny),
+  the weight is streamed packed by ``fi_gemv_fp4``, which expands it in registers: 0.56 bytes per
+  weight for NVFP4 instead of a bf16 weight's 2.
+- ``dequant_bf16`` (sm_80+): both operands expanded to bf16 copies, then fi-gemm's bf16 GEMM
+  (CUTLASS at M > 16); the copies cost a pass over the FP4 bytes plus a write and a read of 4x as
+  many, which large M amortises.
+- ``reference``: fp32 torch (CPU always).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from ..dense.api import _gemm_dispatch, _rep_specs
 from .reference import mm_fp4_reference, sf_shape
-from .spec import dequant_spec
+from .spec import dequant_spec, gemv_fp4_spec
 
 _OUT = (torch.bfloat16, torch.float16)
 _FP4 = tuple(t for t in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if t is not None)
@@ -31,12 +37,24 @@ _LAYOUT_CODE = {"128x4": 0, "8x4": 1, "linear": 2}
 # FlashInfer's backend names all mean "the best path we have".
 _ALIASES = ("auto", "cudnn", "trtllm", "cutlass", "cute-dsl")
 
+
+def _gemv_check(f: dict):
+    if f.get("m", 0) > 16:
+        return f"serves M <= 16 (decode shapes), got M = {f.get('m')}"
+    if not f.get("w_ok", True):
+        return "needs K % 32 == 0 and 16-byte aligned weight rows (and an even scale address)"
+    return None
+
+
 MM_FP4 = register_op(OpInfo(
     name="mm_fp4", family="fi-gemm", api="flashinfer.gemm.mm_fp4", stability="experimental",
-    backends=(Backend("dequant_bf16", min_arch="8.0",
+    backends=(Backend("gemv_fp4", min_arch="8.0", check=_gemv_check,
+                      notes="M <= 16: packed FP4 weight streamed and expanded in registers"),
+              Backend("dequant_bf16", min_arch="8.0",
                       notes="FP4 -> bf16 (exact) then the bf16 GEMM; no FP4 tensor cores before sm_100"),
               Backend("reference", devices=("cpu", "cuda"), notes="fp32 dequantised torch math")),
-    specs=lambda arch: [dequant_spec(arch), *_rep_specs(torch.bfloat16, torch.bfloat16)(arch)]))
+    specs=lambda arch: [dequant_spec(arch), gemv_fp4_spec(torch.bfloat16, arch),
+                        *_rep_specs(torch.bfloat16, torch.bfloat16)(arch)]))
 
 
 def _codes(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +126,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
         a_descale in the 8x4 layout (b_descale is always 128x4).
     backend : str
         FlashInfer's names ("auto", "cudnn", "trtllm", "cutlass", "cute-dsl") pick the best path;
-        "dequant_bf16" or "reference" force one.
+        "gemv_fp4", "dequant_bf16" or "reference" force one.
     use_nvfp4 : bool
         NVFP4 (e4m3 scales per 16) or MXFP4 (UE8M0 scales per 32).
     enable_pdl : bool
@@ -172,7 +190,9 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     a = a if a.stride(-1) == 1 or half <= 1 else a.contiguous()
     if m == 0 or n == 0:
         return out
-    name = MM_FP4.choose(device, None, requested=backend).name
+    ldw = w.stride(0) if n > 1 else half
+    w_ok = k % 32 == 0 and ldw % 16 == 0 and w.data_ptr() % 16 == 0 and sb.data_ptr() % 2 == 0
+    name = MM_FP4.choose(device, None, requested=backend, m=m, w_ok=w_ok).name
     if name == "reference" or k == 0:
         out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out_dtype, block_size, not use_nvfp4, a_layout))
         return out
@@ -181,10 +201,18 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
         a = a.clone(memory_format=torch.contiguous_format)
     if w.data_ptr() % 8 or (n > 1 and w.stride(0) % 8):
         w = w.clone(memory_format=torch.contiguous_format)
-    mod = load(dequant_spec(arch_of(device)))
+    arch = arch_of(device)
+    mod = load(dequant_spec(arch))
     stream = current_stream(device)
     with on_device(device):
         af = _dequant(mod, a, sa, k, block_size, a_layout, not use_nvfp4, stream)
+        if name == "gemv_fp4":
+            gemv = load(gemv_fp4_spec(out_dtype, arch))
+            ldo = out.stride(0) if m > 1 else n
+            gemv.fi_gemv_fp4(out.data_ptr(), af.data_ptr(), w.data_ptr(), sb.data_ptr(),
+                             alpha.data_ptr() if alpha is not None else None, m, n, k, k, ldw, ldo,
+                             block_size, int(not use_nvfp4), stream)
+            return out
         wf = _dequant(mod, w, sb, k, block_size, "128x4", not use_nvfp4, stream)
     _gemm_dispatch("mm_bf16", out, af, wf, None, alpha, None, "auto")
     return out

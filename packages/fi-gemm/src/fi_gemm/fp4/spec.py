@@ -1,11 +1,14 @@
-"""KernelSpec of the FP4 dequantiser (the FP4 path's only kernel of its own; the GEMM after it is
-fi-gemm's bf16 GEMM, dense/spec.py)."""
+"""KernelSpecs of the FP4 path: the dequantiser (both operands at M > 16, the activations at
+M <= 16) and the FP4 weight-streaming kernel for M <= 16."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from fi_core import Arch, Entry, KernelSpec
+from fi_core.dtypes import cuda_type, tag
 
 _HERE = Path(__file__).resolve().parent
 
@@ -17,3 +20,14 @@ def dequant_spec(arch: Arch) -> KernelSpec:
     bandwidth-bound, a branch per 8-byte group costs nothing measurable)."""
     return KernelSpec(name="fp4_dequant", sources=(_HERE / "dequant.cu",), arch=arch,
                       entries=(Entry("fi_fp4_dequant", DEQUANT_ARGS),), package="fi_gemm")
+
+
+GEMV_FP4_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",
+                 "stream")
+
+
+def gemv_fp4_spec(out_dtype: torch.dtype, arch: Arch) -> KernelSpec:
+    """The M <= 16 kernel for one output dtype; NVFP4 and MXFP4 units are both in the module."""
+    return KernelSpec(name=f"gemv_fp4_{tag(out_dtype)}", sources=(_HERE / "gemv_fp4.cu",), arch=arch,
+                      defines={"FI_TD": cuda_type(out_dtype)},
+                      entries=(Entry("fi_gemv_fp4", GEMV_FP4_ARGS),), package="fi_gemm")
