@@ -196,9 +196,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     }
 }
 
+// K steps in flight per warp at M <= 8 (at M <= 16 two: 16 registers of activations per step and
+// token tile). sm_80's ptxas spills 16 bytes at 4 (sm_90a's fits 4 in its 128 registers).
+#ifndef FI_GEMV_FP4_U1
+#define FI_GEMV_FP4_U1 (FI_TARGET_CC >= 90 ? 4 : 3)
+#endif
+
 template <int NT, bool UE8M0>
 cudaError_t launch(const Params& p, cudaStream_t stream) {
-  constexpr int U = NT == 1 ? 4 : 2;
+  constexpr int U = NT == 1 ? FI_GEMV_FP4_U1 : 2;
   const dim3 grid(unsigned((p.n + 15) / 16));
   gemv_fp4_kernel<NT, U, UE8M0><<<grid, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
