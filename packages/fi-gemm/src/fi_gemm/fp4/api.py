@@ -57,6 +57,20 @@ MM_FP4 = register_op(OpInfo(
                         *_rep_specs(torch.bfloat16, torch.bfloat16)(arch)]))
 
 
+_MODS: dict = {}
+
+
+def _module(device: torch.device, out_dtype) -> object:
+    """The dequantiser (out_dtype None) or the weight-streaming kernel of a device, memoised:
+    building a spec hashes its sources, ~50 us, more than the decode-shape GEMM itself."""
+    key = (device.index, out_dtype)
+    mod = _MODS.get(key)
+    if mod is None:
+        arch = arch_of(device)
+        mod = _MODS[key] = load(dequant_spec(arch) if out_dtype is None else gemv_fp4_spec(out_dtype, arch))
+    return mod
+
+
 def _codes(name: str, t: torch.Tensor) -> torch.Tensor:
     checks.tensor(name, t)
     checks.dtype(name, t, _FP4)
@@ -201,15 +215,13 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
         a = a.clone(memory_format=torch.contiguous_format)
     if w.data_ptr() % 8 or (n > 1 and w.stride(0) % 8):
         w = w.clone(memory_format=torch.contiguous_format)
-    arch = arch_of(device)
-    mod = load(dequant_spec(arch))
+    mod = _module(device, None)
     stream = current_stream(device)
     with on_device(device):
         af = _dequant(mod, a, sa, k, block_size, a_layout, not use_nvfp4, stream)
         if name == "gemv_fp4":
-            gemv = load(gemv_fp4_spec(out_dtype, arch))
             ldo = out.stride(0) if m > 1 else n
-            gemv.fi_gemv_fp4(out.data_ptr(), af.data_ptr(), w.data_ptr(), sb.data_ptr(),
+            _module(device, out_dtype).fi_gemv_fp4(out.data_ptr(), af.data_ptr(), w.data_ptr(), sb.data_ptr(),
                              alpha.data_ptr() if alpha is not None else None, m, n, k, k, ldw, ldo,
                              block_size, int(not use_nvfp4), stream)
             return out
