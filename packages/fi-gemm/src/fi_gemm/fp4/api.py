@@ -7,9 +7,9 @@ equals the fp32 reference up to the accumulation order.
 
 Backends, in preference order:
 
-- ``gemv_fp4`` (M <= 16, sm_80+): the activations are expanded by ``fi_fp4_dequant`` (m x k, tiny),
-  the weight is streamed packed by ``fi_gemv_fp4``, which expands it in registers: 0.56 bytes per
-  weight for NVFP4 instead of a bf16 weight's 2.
+- ``gemv_fp4`` (M <= 16, sm_80+): ``fi_gemv_fp4`` streams the packed weight and reads the packed
+  activations, expanding both in registers: 0.56 bytes per weight for NVFP4 instead of a bf16
+  weight's 2.
 - ``dequant_bf16`` (sm_80+): both operands expanded to bf16 copies, then fi-gemm's bf16 GEMM
   (CUTLASS at M > 16); the copies cost a pass over the FP4 bytes plus a write and a read of 4x as
   many, which large M amortises.
@@ -205,26 +205,33 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     if m == 0 or n == 0:
         return out
     ldw = w.stride(0) if n > 1 else half
-    w_ok = k % 32 == 0 and ldw % 16 == 0 and w.data_ptr() % 16 == 0 and sb.data_ptr() % 2 == 0
+    w_ok = (k % 32 == 0 and ldw % 16 == 0 and w.data_ptr() % 16 == 0 and sb.data_ptr() % 2 == 0
+            and sa.data_ptr() % 2 == 0)
     name = MM_FP4.choose(device, None, requested=backend, m=m, w_ok=w_ok).name
     if name == "reference" or k == 0:
         out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out_dtype, block_size, not use_nvfp4, a_layout))
         return out
-    # The kernel reads 8 bytes at a time; k is a multiple of 16, so a fresh copy's rows qualify.
+    stream = current_stream(device)
+    if name == "gemv_fp4":
+        # 16-byte activation loads; k % 32 == 0 here, so a fresh copy's rows qualify
+        if a.data_ptr() % 16 or (m > 1 and a.stride(0) % 16):
+            a = a.clone(memory_format=torch.contiguous_format)
+        lda = a.stride(0) if m > 1 else half
+        ldo = out.stride(0) if m > 1 else n
+        with on_device(device):
+            _module(device, out_dtype).fi_gemv_fp4(
+                out.data_ptr(), a.data_ptr(), sa.data_ptr(), w.data_ptr(), sb.data_ptr(),
+                alpha.data_ptr() if alpha is not None else None, m, n, k, lda, ldw, ldo, block_size,
+                int(not use_nvfp4), int(use_8x4_sf_layout), stream)
+        return out
+    # The dequantiser reads 8 bytes at a time; k % 16 == 0, so a fresh copy's rows qualify.
     if a.data_ptr() % 8 or (m > 1 and a.stride(0) % 8):
         a = a.clone(memory_format=torch.contiguous_format)
     if w.data_ptr() % 8 or (n > 1 and w.stride(0) % 8):
         w = w.clone(memory_format=torch.contiguous_format)
     mod = _module(device, None)
-    stream = current_stream(device)
     with on_device(device):
         af = _dequant(mod, a, sa, k, block_size, a_layout, not use_nvfp4, stream)
-        if name == "gemv_fp4":
-            ldo = out.stride(0) if m > 1 else n
-            _module(device, out_dtype).fi_gemv_fp4(out.data_ptr(), af.data_ptr(), w.data_ptr(), sb.data_ptr(),
-                             alpha.data_ptr() if alpha is not None else None, m, n, k, k, ldw, ldo,
-                             block_size, int(not use_nvfp4), stream)
-            return out
         wf = _dequant(mod, w, sb, k, block_size, "128x4", not use_nvfp4, stream)
     _gemm_dispatch("mm_bf16", out, af, wf, None, alpha, None, "auto")
     return out

@@ -1,14 +1,14 @@
 // FP4 weight-streaming GEMM for decode shapes (M <= 16): out[m, n] = alpha * sum_k A[m, k] W[n, k]
-// with W packed e2m1 ([n, k / 2] bytes) and its block scales (128x4 layout), A in bf16 (mm_fp4's
-// activations after fi_fp4_dequant: code * scale, exact). At M <= 16 the GEMM is a pass over W,
-// so reading W packed (0.5 byte per weight plus 1/16 or 1/32 of a scale byte) instead of as a bf16
-// copy (2 bytes, written by the dequantiser first) is what makes FP4 pay on Hopper.
+// with A and W packed e2m1 ([m, k / 2] and [n, k / 2] bytes) and their block scales (W: 128x4
+// layout, A: 128x4 or 8x4). At M <= 16 the GEMM is a pass over W, so reading W packed (0.5 byte
+// per weight plus 1/16 or 1/32 of a scale byte) instead of as a bf16 copy (2 bytes, written by a
+// dequantiser first) is what makes FP4 pay on Hopper.
 //
 // Tensor cores without FP4 support: each thread expands its codes in registers to bf16 with the
 // block scale folded in (code * scale is exact in bf16, see dequant.cu) and feeds m16n8k16 bf16
 // MMAs, W as the MMA's 16-row A operand, the tokens as its 8-column B operand, fp32 accumulators.
 // Thread (g = lane / 4, t = lane % 4) of a warp loads 16 bytes (32 codes) of W rows g and g + 8 at
-// k0 = 128 * step + 32 * t, and the same 32 activations of token g (and g + 8 when M > 8). Its
+// k0 = 128 * step + 32 * t, and the same 32 codes of token g (and g + 8 when M > 8). Its
 // elements 4j..4j+3 serve MMA j (j = 0..7) as the logical k 2t, 2t+1, 2t+8, 2t+9 of both operands:
 // a dot product does not care which physical k meets which logical one, as long as A and B agree,
 // and here each lane's own W and activation chunk supply both (mma.cuh has the fragment layouts).
@@ -36,13 +36,15 @@ template <> FI_DEVICE __half from_f32<__half>(float x) { return __float2half_rn(
 
 struct Params {
   TD* out;                    // [m, n], row stride ldo
-  const __nv_bfloat16* act;   // [m, k], row stride lda
+  const uint8_t* act;         // [m, k / 2], row stride lda bytes
+  const uint8_t* act_sf;      // A's scale bytes, 128x4 or 8x4 layout (act_8x4)
   const uint8_t* w;           // [n, k / 2], row stride ldw bytes
   const uint8_t* sf;          // W's scale bytes, 128x4 layout
   const float* alpha;         // one value, or null (1)
   int m, n, k;
   int64_t lda, ldw, ldo;
-  int k_tiles;                // ceil(k / block / 4): 4-column tiles of the scale layout
+  int k_tiles;                // ceil(k / block / 4): 4-column tiles of the scale layouts
+  int act_8x4;
 };
 
 // W is read once: past L1, with L2 fetching the 128 bytes around each miss (the row's other
@@ -94,9 +96,40 @@ FI_DEVICE __nv_bfloat16 scale_bf16(uint32_t byte) {
   return __float2bfloat16_rn(static_cast<float>(s));  // exact: e4m3 fits bf16
 }
 
-// Scale-byte offset of (row r, column c) in the 128x4 layout (fi_gemm/fp4/reference.py).
+// Codes 4jj..4jj+3 of a 16-byte chunk (bytes 2jj, 2jj + 1) as two bf16x2 words times the scale
+// of their block: {elements 4jj, 4jj+1} and {4jj+2, 4jj+3}, the a0 / a2 (b0 / b1) fragment
+// words of MMA jj.
+FI_DEVICE void expand4(const uint4& chunk, int jj, __nv_bfloat162 s, uint32_t& w01, uint32_t& w23) {
+  const uint32_t* c32 = reinterpret_cast<const uint32_t*>(&chunk);
+  e2m1x4_to_bf16((c32[jj >> 1] >> (16 * (jj & 1))) & 0xffffu, w01, w23);
+  w01 = bf16x2_mul(w01, s);
+  w23 = bf16x2_mul(w23, s);
+}
+
+// Block scales of a chunk as bf16x2 pairs: [0] for codes 0-15, [1] for 16-31 (MXFP4: one scale).
+template <bool UE8M0>
+FI_DEVICE void chunk_scales(uint32_t bytes, __nv_bfloat162 (&sc)[2]) {
+  const __nv_bfloat16 lo = scale_bf16<UE8M0>(bytes & 0xffu);
+  const __nv_bfloat16 hi = UE8M0 ? lo : scale_bf16<UE8M0>(bytes >> 8);
+  sc[0] = __halves2bfloat162(lo, lo);
+  sc[1] = __halves2bfloat162(hi, hi);
+}
+
+// Scale-byte offset of (row r, column c) in the 128x4 / 8x4 layouts (fi_gemm/fp4/reference.py).
+// Columns c and c + 1 (c even) are adjacent bytes in both.
 FI_DEVICE int64_t sf_offset(int64_t r, int c, int k_tiles) {
   return ((r >> 7) * k_tiles + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
+}
+FI_DEVICE int64_t sf_offset_8x4(int64_t r, int c, int k_tiles) {
+  return ((r >> 3) * k_tiles + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3);
+}
+
+// The scale bytes of one thread's 32-code chunk at column c: NVFP4 two (c, c + 1: low, high
+// byte), MXFP4 one.
+template <bool UE8M0>
+FI_DEVICE uint32_t load_scales(const uint8_t* sf, int64_t off) {
+  if (UE8M0) return uint32_t(__ldg(sf + off));
+  return uint32_t(__ldg(reinterpret_cast<const uint16_t*>(sf + off)));
 }
 
 // NT: 8-token MMA column tiles (1: M <= 8, 2: M <= 16). U: K steps in flight per warp.
@@ -114,62 +147,46 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
   float acc[NT][4] = {};
 
   for (int s0 = warp; s0 < steps; s0 += kWarps * U) {
-    uint4 cw[U][2];
-    uint32_t sw[U][2];
-    uint4 av[U][NT][4];
+    uint4 cw[U][2], ca[U][NT];   // 32 codes of W rows g, g + 8 and of tokens g (+ 8)
+    uint32_t sw[U][2], sa[U][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int s = s0 + u * kWarps;
       const int k0 = s * 128 + t * 32;
       const bool ok = s < steps && k0 < p.k;  // k is a multiple of 32: a chunk is whole or absent
+      const int c = UE8M0 ? k0 >> 5 : k0 >> 4;
       const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
       cw[u][0] = ok && va ? load_stream(wa + k0 / 2) : zero;
       cw[u][1] = ok && vb ? load_stream(wb + k0 / 2) : zero;
-      if (UE8M0) {
-        const int c = k0 >> 5;
-        sw[u][0] = ok && va ? uint32_t(__ldg(p.sf + sf_offset(row_a, c, p.k_tiles))) : 0u;
-        sw[u][1] = ok && vb ? uint32_t(__ldg(p.sf + sf_offset(row_b, c, p.k_tiles))) : 0u;
-      } else {  // columns c, c + 1 (c even) are adjacent bytes of one 4-column group
-        const int c = k0 >> 4;
-        sw[u][0] = ok && va ? uint32_t(__ldg(reinterpret_cast<const uint16_t*>(p.sf + sf_offset(row_a, c, p.k_tiles)))) : 0u;
-        sw[u][1] = ok && vb ? uint32_t(__ldg(reinterpret_cast<const uint16_t*>(p.sf + sf_offset(row_b, c, p.k_tiles)))) : 0u;
-      }
+      sw[u][0] = ok && va ? load_scales<UE8M0>(p.sf, sf_offset(row_a, c, p.k_tiles)) : 0u;
+      sw[u][1] = ok && vb ? load_scales<UE8M0>(p.sf, sf_offset(row_b, c, p.k_tiles)) : 0u;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int tok = j * 8 + g;
         const bool okt = ok && tok < p.m;
-        const __nv_bfloat16* ap = p.act + int64_t(okt ? tok : 0) * p.lda + k0;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) av[u][j][q] = okt ? load_cached(ap + 8 * q) : zero;
+        ca[u][j] = okt ? load_cached(p.act + int64_t(tok) * p.lda + k0 / 2) : zero;
+        sa[u][j] = okt ? load_scales<UE8M0>(p.act_sf, p.act_8x4 ? sf_offset_8x4(tok, c, p.k_tiles)
+                                                                : sf_offset(tok, c, p.k_tiles)) : 0u;
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      __nv_bfloat162 sc[2][2];  // [row][16-code half]
+      __nv_bfloat162 scw[2][2], sca[NT][2];
+      chunk_scales<UE8M0>(sw[u][0], scw[0]);
+      chunk_scales<UE8M0>(sw[u][1], scw[1]);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const __nv_bfloat16 s_lo = scale_bf16<UE8M0>(sw[u][r] & 0xffu);
-        const __nv_bfloat16 s_hi = UE8M0 ? s_lo : scale_bf16<UE8M0>(sw[u][r] >> 8);
-        sc[r][0] = __halves2bfloat162(s_lo, s_lo);
-        sc[r][1] = __halves2bfloat162(s_hi, s_hi);
-      }
+      for (int j = 0; j < NT; ++j) chunk_scales<UE8M0>(sa[u][j], sca[j]);
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {  // MMA jj: elements 4jj..4jj+3 (bytes 2jj, 2jj+1)
-        const uint32_t* wa32 = reinterpret_cast<const uint32_t*>(&cw[u][0]);
-        const uint32_t* wb32 = reinterpret_cast<const uint32_t*>(&cw[u][1]);
-        const int sh = 16 * (jj & 1);
+      for (int jj = 0; jj < 8; ++jj) {  // MMA jj: codes 4jj..4jj+3 of every chunk
+        const int half = jj >> 2;       // codes 0-15 / 16-31: the NVFP4 block
         uint32_t a[4];
-        e2m1x4_to_bf16((wa32[jj >> 1] >> sh) & 0xffffu, a[0], a[2]);
-        e2m1x4_to_bf16((wb32[jj >> 1] >> sh) & 0xffffu, a[1], a[3]);
-        const int half = jj >> 2;  // elements 0-15 / 16-31 of the chunk: NVFP4 block
-        a[0] = bf16x2_mul(a[0], sc[0][half]);
-        a[2] = bf16x2_mul(a[2], sc[0][half]);
-        a[1] = bf16x2_mul(a[1], sc[1][half]);
-        a[3] = bf16x2_mul(a[3], sc[1][half]);
+        expand4(cw[u][0], jj, scw[0][half], a[0], a[2]);
+        expand4(cw[u][1], jj, scw[1][half], a[1], a[3]);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const uint32_t* x32 = reinterpret_cast<const uint32_t*>(&av[u][j][jj >> 1]);
-          fi::mma_16816<__nv_bfloat16>(acc[j], a, x32[2 * (jj & 1)], x32[2 * (jj & 1) + 1]);
+          uint32_t b0, b1;
+          expand4(ca[u][j], jj, sca[j][half], b0, b1);
+          fi::mma_16816<__nv_bfloat16>(acc[j], a, b0, b1);
         }
       }
     }
@@ -196,15 +213,17 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     }
 }
 
-// K steps in flight per warp at M <= 8 (at M <= 16 two: 16 registers of activations per step and
-// token tile). sm_80's ptxas spills 16 bytes at 4 (sm_90a's fits 4 in its 128 registers).
+// K steps in flight per warp at M <= 8 (U1) and M <= 16 (U2).
 #ifndef FI_GEMV_FP4_U1
-#define FI_GEMV_FP4_U1 (FI_TARGET_CC >= 90 ? 4 : 3)
+#define FI_GEMV_FP4_U1 4
+#endif
+#ifndef FI_GEMV_FP4_U2
+#define FI_GEMV_FP4_U2 2
 #endif
 
 template <int NT, bool UE8M0>
 cudaError_t launch(const Params& p, cudaStream_t stream) {
-  constexpr int U = NT == 1 ? FI_GEMV_FP4_U1 : 2;
+  constexpr int U = NT == 1 ? FI_GEMV_FP4_U1 : FI_GEMV_FP4_U2;
   const dim3 grid(unsigned((p.n + 15) / 16));
   gemv_fp4_kernel<NT, U, UE8M0><<<grid, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
@@ -212,27 +231,31 @@ cudaError_t launch(const Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-// out [m, n] (row stride ldo), act [m, k] bf16 (row stride lda, 16-byte aligned rows), w [n, k / 2]
-// codes (row stride ldw bytes, 16-byte aligned rows), w_sf W's scale bytes in the 128x4 layout,
-// alpha a device float or null; block 16 (e4m3 scales) or 32 (ue8m0 = 1). m <= 16, k % 32 == 0.
-FI_EXPORT int fi_gemv_fp4(void* out, const void* act, const void* w, const void* w_sf, const void* alpha,
-                          int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldw, int64_t ldo,
-                          int64_t block, int64_t ue8m0, cudaStream_t stream) {
-  if (m < 0 || m > 16 || k % 32 != 0 || lda % 8 != 0 || ldw % 16 != 0 || n >= (int64_t(1) << 31) ||
-      k >= (int64_t(1) << 31) || (reinterpret_cast<uintptr_t>(act) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(w) & 15) != 0 || (ue8m0 ? block != 32 : block != 16) ||
-      (n + 15) / 16 > 0x7fffffff)
+// out [m, n] (row stride ldo); act [m, k / 2] and w [n, k / 2] codes (row strides lda / ldw bytes,
+// 16-byte aligned rows); act_sf / w_sf their scale bytes (w: 128x4 layout; act: 128x4, or 8x4
+// when act_8x4), 2-byte aligned for NVFP4; alpha a device float or null; block 16 (e4m3 scales)
+// or 32 (ue8m0 = 1). m <= 16, k % 32 == 0.
+FI_EXPORT int fi_gemv_fp4(void* out, const void* act, const void* act_sf, const void* w, const void* w_sf,
+                          const void* alpha, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldw,
+                          int64_t ldo, int64_t block, int64_t ue8m0, int64_t act_8x4, cudaStream_t stream) {
+  const uintptr_t align16 = reinterpret_cast<uintptr_t>(act) | reinterpret_cast<uintptr_t>(w);
+  const uintptr_t align2 = reinterpret_cast<uintptr_t>(act_sf) | reinterpret_cast<uintptr_t>(w_sf);
+  if (m < 0 || m > 16 || k % 32 != 0 || lda % 16 != 0 || ldw % 16 != 0 || n >= (int64_t(1) << 31) ||
+      k >= (int64_t(1) << 31) || (align16 & 15) != 0 || (!ue8m0 && (align2 & 1) != 0) ||
+      (ue8m0 ? block != 32 : block != 16))
     return (int)cudaErrorInvalidValue;
   if (m == 0 || n == 0) return 0;
   Params p{};
   p.out = static_cast<TD*>(out);
-  p.act = static_cast<const __nv_bfloat16*>(act);
+  p.act = static_cast<const uint8_t*>(act);
+  p.act_sf = static_cast<const uint8_t*>(act_sf);
   p.w = static_cast<const uint8_t*>(w);
   p.sf = static_cast<const uint8_t*>(w_sf);
   p.alpha = static_cast<const float*>(alpha);
   p.m = int(m); p.n = int(n); p.k = int(k);
   p.lda = lda; p.ldw = ldw; p.ldo = ldo;
   p.k_tiles = int((k / block + 3) / 4);
+  p.act_8x4 = act_8x4 != 0;
   cudaError_t err;
   if (m <= 8)
     err = ue8m0 ? launch<1, true>(p, stream) : launch<1, false>(p, stream);

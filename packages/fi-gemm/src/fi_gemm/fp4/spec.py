@@ -22,12 +22,17 @@ def dequant_spec(arch: Arch) -> KernelSpec:
                       entries=(Entry("fi_fp4_dequant", DEQUANT_ARGS),), package="fi_gemm")
 
 
-GEMV_FP4_ARGS = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",
-                 "stream")
+GEMV_FP4_ARGS = ("ptr",) * 6 + ("i64",) * 9 + ("stream",)
+
+
+# A/B builds: {"U1": 4, ...} -> FI_GEMV_FP4_U1=4 and a name suffix (tools, tests); empty for users.
+GEMV_FP4_AB: dict = {}
 
 
 def gemv_fp4_spec(out_dtype: torch.dtype, arch: Arch) -> KernelSpec:
     """The M <= 16 kernel for one output dtype; NVFP4 and MXFP4 units are both in the module."""
-    return KernelSpec(name=f"gemv_fp4_{tag(out_dtype)}", sources=(_HERE / "gemv_fp4.cu",), arch=arch,
-                      defines={"FI_TD": cuda_type(out_dtype)},
+    ab = sorted(GEMV_FP4_AB.items())
+    return KernelSpec(name=f"gemv_fp4_{tag(out_dtype)}" + "".join(f"_{k.lower()}{v}" for k, v in ab),
+                      sources=(_HERE / "gemv_fp4.cu",), arch=arch,
+                      defines={"FI_TD": cuda_type(out_dtype), **{f"FI_GEMV_FP4_{k}": v for k, v in ab}},
                       entries=(Entry("fi_gemv_fp4", GEMV_FP4_ARGS),), package="fi_gemm")
