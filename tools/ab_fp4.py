@@ -7,8 +7,8 @@ the same weights as the floor a Hopper deployment without FP4 would run.
     python3 tools/ab_fp4.py [--rounds 9] [--cases m1,m4,m16] BUILD ...
 
 BUILD is ``0`` (the sources' defaults), ``U1=N`` / ``U2=N`` (gemv_fp4.cu built with
-FI_GEMV_FP4_U1 / _U2 = N: K steps in flight per warp at M <= 8 / M <= 16; several joined by
-commas), ``dequant`` (the dequantise + bf16 GEMM path by name) or ``bf16`` (torch.matmul on bf16
+FI_GEMV_FP4_U1 / _U2 = N: K steps in flight per warp at M <= 8 / M <= 16), ``F16=0|1`` (its
+NVFP4 expansion: bf16 tables or fp16 bit placement); several joined by commas, ``dequant`` (the dequantise + bf16 GEMM path by name) or ``bf16`` (torch.matmul on bf16
 copies). Cases: ``mN`` = NVFP4, M = N tokens, N = K = 4096; ``mxN`` the same in MXFP4; ``wN`` =
 NVFP4, M = N, N = 14336, K = 4096 (an MLP up projection).
 
@@ -29,7 +29,7 @@ from ab_common import agree, build_only, capture_cycle, measure, parse_builds, p
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 ALL_CASES = "m1,m4,m16"
-SWITCHES = ("U1", "U2")
+SWITCHES = ("U1", "U2", "F16")
 
 
 def parse_build(build: str):

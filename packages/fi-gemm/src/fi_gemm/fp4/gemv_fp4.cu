@@ -115,6 +115,53 @@ FI_DEVICE void chunk_scales(uint32_t bytes, __nv_bfloat162 (&sc)[2]) {
   sc[1] = __halves2bfloat162(hi, hi);
 }
 
+// FI_GEMV_FP4_F16 (NVFP4 only; A/B switch): expand to fp16 by bit placement instead of the bf16
+// tables. A code's exponent and mantissa bits shifted into an fp16's (e at bits 10-11, m at bit 9)
+// read as code * 2^-14 for every code (e = 0 lands on fp16 subnormals 0 and 2^-15), its sign bit
+// moves to bit 15; two codes four apart share one shift pair (about 2 instructions per code). The
+// scale goes in times 2^7, which keeps every product exact in fp16 (from 2^-22 for the smallest
+// code and e4m3 scale up to 21 for the largest); the epilogue multiplies by 2^14 (both operands'
+// 2^-14 * 2^7). The pairs (i, i + 4) are the fragment words of both operands alike, which the
+// MMA's indifference to the order of k allows (see the top of this file).
+#ifndef FI_GEMV_FP4_F16
+#define FI_GEMV_FP4_F16 0
+#endif
+
+template <int I>  // codes I and I + 4 of a word -> one f16x2 word (times 2^-14)
+FI_DEVICE uint32_t e2m1_pair_to_f16(uint32_t x) {
+  constexpr int kEm = 9 - 4 * I, kSign = 12 - 4 * I;
+  const uint32_t em = kEm >= 0 ? (x << kEm) : (x >> -kEm);
+  return (em & 0x0e000e00u) | ((x << kSign) & 0x80008000u);
+}
+
+FI_DEVICE uint32_t f16x2_mul(uint32_t x, __half2 s) {
+  __half2 v = *reinterpret_cast<__half2*>(&x);
+  v = __hmul2(v, s);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// MMA jj's four codes of a chunk in fp16: pairs (0, 4), (1, 5) of word jj / 2 for even jj, (2, 6),
+// (3, 7) for odd jj.
+FI_DEVICE void expand4_f16(const uint4& chunk, int jj, __half2 s, uint32_t& w0, uint32_t& w1) {
+  const uint32_t x = reinterpret_cast<const uint32_t*>(&chunk)[jj >> 1];
+  if (jj & 1) {
+    w0 = f16x2_mul(e2m1_pair_to_f16<2>(x), s);
+    w1 = f16x2_mul(e2m1_pair_to_f16<3>(x), s);
+  } else {
+    w0 = f16x2_mul(e2m1_pair_to_f16<0>(x), s);
+    w1 = f16x2_mul(e2m1_pair_to_f16<1>(x), s);
+  }
+}
+
+// Two e4m3 scale bytes (low: codes 0-15) as f16x2 pairs times 2^7.
+FI_DEVICE void chunk_scales_f16(uint32_t bytes, __half2 (&sc)[2]) {
+  __nv_fp8_e4m3 lo, hi;
+  lo.__x = static_cast<__nv_fp8_storage_t>(bytes & 0xffu);
+  hi.__x = static_cast<__nv_fp8_storage_t>(bytes >> 8);
+  sc[0] = __float2half2_rn(static_cast<float>(lo) * 128.f);
+  sc[1] = __float2half2_rn(static_cast<float>(hi) * 128.f);
+}
+
 // Scale-byte offset of (row r, column c) in the 128x4 / 8x4 layouts (fi_gemm/fp4/reference.py).
 // Columns c and c + 1 (c even) are adjacent bytes in both.
 FI_DEVICE int64_t sf_offset(int64_t r, int c, int k_tiles) {
@@ -136,6 +183,7 @@ FI_DEVICE uint32_t load_scales(const uint8_t* sf, int64_t off) {
 // UE8M0: MXFP4 (one scale per 32 codes, i.e. per thread and step) instead of NVFP4 (two).
 template <int NT, int U, bool UE8M0>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p) {
+  constexpr bool kF16 = FI_GEMV_FP4_F16 && !UE8M0;
   __shared__ float red[kWarps][NT * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -171,6 +219,27 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      if constexpr (kF16) {
+        __half2 scw[2][2], sca[NT][2];
+        chunk_scales_f16(sw[u][0], scw[0]);
+        chunk_scales_f16(sw[u][1], scw[1]);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) chunk_scales_f16(sa[u][j], sca[j]);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int half = jj >> 2;
+          uint32_t a[4];
+          expand4_f16(cw[u][0], jj, scw[0][half], a[0], a[2]);
+          expand4_f16(cw[u][1], jj, scw[1][half], a[1], a[3]);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            uint32_t b0, b1;
+            expand4_f16(ca[u][j], jj, sca[j][half], b0, b1);
+            fi::mma_16816<__half>(acc[j], a, b0, b1);
+          }
+        }
+        continue;
+      }
       __nv_bfloat162 scw[2][2], sca[NT][2];
       chunk_scales<UE8M0>(sw[u][0], scw[0]);
       chunk_scales<UE8M0>(sw[u][1], scw[1]);
@@ -198,7 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     for (int c = 0; c < 4; ++c) red[warp][j * 4 + c][lane] = acc[j][c];
   __syncthreads();
   if (warp != 0) return;
-  const float alpha = p.alpha != nullptr ? *p.alpha : 1.f;
+  const float alpha = (p.alpha != nullptr ? *p.alpha : 1.f) * (kF16 ? 16384.f : 1.f);
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
