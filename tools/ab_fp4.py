@@ -9,7 +9,8 @@ the same weights as the floor a Hopper deployment without FP4 would run.
 BUILD is ``0`` (the sources' defaults), ``U1=N`` / ``U2=N`` (gemv_fp4.cu built with
 FI_GEMV_FP4_U1 / _U2 = N: K steps in flight per warp at M <= 8 / M <= 16), ``F16=0|1`` (its
 NVFP4 expansion: bf16 tables or fp16 bit placement), several joined by commas; ``dequant`` (the
-dequantise + bf16 GEMM path by name) or ``bf16`` (torch.matmul on bf16 copies). Cases: ``mN`` = NVFP4, M = N tokens, N = K = 4096; ``mxN`` the same in MXFP4; ``wN`` =
+dequantise + bf16 GEMM path by name) or ``bf16`` (torch.matmul on bf16 copies).
+Cases: ``mN`` = NVFP4, M = N tokens, N = K = 4096; ``mxN`` the same in MXFP4; ``wN`` =
 NVFP4, M = N, N = 14336, K = 4096 (an MLP up projection).
 
 ``--build-only`` compiles the builds' modules and exits. One line per case: each build's median,
