@@ -106,6 +106,18 @@ def parse_switches(build: str) -> dict[str, int]:
     return out
 
 
+def switch_build(build: str, switches, special: tuple = ()):
+    """A tool's build: one of its ``special`` names (returned as is) or a switch set checked
+    against the ``switches`` the tool knows ({} for the defaults)."""
+    if build in special:
+        return build
+    sw = parse_switches(build)
+    unknown = set(sw) - set(switches)
+    if unknown:
+        raise SystemExit(f"build {build!r}: unknown switch {sorted(unknown)}; known: {sorted(switches)}")
+    return sw
+
+
 def time_in_turns(graphs: dict, calls: dict, names: list, builds: list, rounds: int,
                   warmup_s: float) -> dict:
     """Per-call microseconds of every graph (key (case, build); ``calls[key]`` launches per

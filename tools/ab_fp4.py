@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from ab_common import agree, build_only, capture_cycle, measure, parse_builds, parse_switches
+from ab_common import agree, build_only, capture_cycle, measure, parse_builds, switch_build
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -34,13 +34,7 @@ SWITCHES = ("U1", "U2", "F16")
 
 
 def parse_build(build: str):
-    if build in ("dequant", "bf16"):
-        return build
-    sw = parse_switches(build)
-    unknown = set(sw) - set(SWITCHES)
-    if unknown:
-        raise SystemExit(f"build {build!r}: unknown switch {sorted(unknown)}; known: {list(SWITCHES)}")
-    return sw
+    return switch_build(build, SWITCHES, ("dequant", "bf16"))
 
 
 def use_build(sw: dict) -> None:

@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-from ab_common import agree, build_only, capture_cycle, measure, parse_builds, parse_switches
+from ab_common import agree, build_only, capture_cycle, measure, parse_builds, switch_build
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
@@ -45,13 +45,7 @@ SWITCHES = {"ROPE": "CACHE_VARIANT"}
 
 def parse_build(build: str) -> dict[str, int] | None:
     """A build's switches ({} for the defaults), or None for the torch floor."""
-    if build == "copy":
-        return None
-    sw = parse_switches(build)
-    unknown = set(sw) - set(SWITCHES)
-    if unknown:
-        raise SystemExit(f"build {build!r}: unknown switch {sorted(unknown)}; known: {sorted(SWITCHES)}")
-    return sw
+    return None if build == "copy" else switch_build(build, SWITCHES)
 
 
 def use_build(switches: dict[str, int]) -> None:

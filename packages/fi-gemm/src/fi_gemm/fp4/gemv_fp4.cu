@@ -162,6 +162,25 @@ FI_DEVICE void chunk_scales_f16(uint32_t bytes, __half2 (&sc)[2]) {
   sc[1] = __float2half2_rn(static_cast<float>(hi) * 128.f);
 }
 
+// The two expansions as one policy for the kernel: bf16 tables (MXFP4 always, NVFP4 by default)
+// or fp16 bit placement (NVFP4 with FI_GEMV_FP4_F16), with the MMA type and the epilogue factor.
+template <bool F16, bool UE8M0> struct Expand {
+  using T = __nv_bfloat16;
+  using S = __nv_bfloat162;
+  static constexpr float kOut = 1.f;
+  static FI_DEVICE void scales(uint32_t bytes, S (&sc)[2]) { chunk_scales<UE8M0>(bytes, sc); }
+  static FI_DEVICE void codes(const uint4& c, int jj, S s, uint32_t& w0, uint32_t& w1) { expand4(c, jj, s, w0, w1); }
+};
+template <> struct Expand<true, false> {
+  using T = __half;
+  using S = __half2;
+  static constexpr float kOut = 16384.f;  // 2^14: both operands' 2^-14 * 2^7
+  static FI_DEVICE void scales(uint32_t bytes, S (&sc)[2]) { chunk_scales_f16(bytes, sc); }
+  static FI_DEVICE void codes(const uint4& c, int jj, S s, uint32_t& w0, uint32_t& w1) {
+    expand4_f16(c, jj, s, w0, w1);
+  }
+};
+
 // Scale-byte offset of (row r, column c) in the 128x4 / 8x4 layouts (fi_gemm/fp4/reference.py).
 // Columns c and c + 1 (c even) are adjacent bytes in both.
 FI_DEVICE int64_t sf_offset(int64_t r, int c, int k_tiles) {
@@ -183,7 +202,7 @@ FI_DEVICE uint32_t load_scales(const uint8_t* sf, int64_t off) {
 // UE8M0: MXFP4 (one scale per 32 codes, i.e. per thread and step) instead of NVFP4 (two).
 template <int NT, int U, bool UE8M0>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p) {
-  constexpr bool kF16 = FI_GEMV_FP4_F16 && !UE8M0;
+  using E = Expand<FI_GEMV_FP4_F16 != 0 && !UE8M0, UE8M0>;
   __shared__ float red[kWarps][NT * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -219,43 +238,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if constexpr (kF16) {
-        __half2 scw[2][2], sca[NT][2];
-        chunk_scales_f16(sw[u][0], scw[0]);
-        chunk_scales_f16(sw[u][1], scw[1]);
+      typename E::S scw[2][2], sca[NT][2];
+      E::scales(sw[u][0], scw[0]);
+      E::scales(sw[u][1], scw[1]);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) chunk_scales_f16(sa[u][j], sca[j]);
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int half = jj >> 2;
-          uint32_t a[4];
-          expand4_f16(cw[u][0], jj, scw[0][half], a[0], a[2]);
-          expand4_f16(cw[u][1], jj, scw[1][half], a[1], a[3]);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            uint32_t b0, b1;
-            expand4_f16(ca[u][j], jj, sca[j][half], b0, b1);
-            fi::mma_16816<__half>(acc[j], a, b0, b1);
-          }
-        }
-        continue;
-      }
-      __nv_bfloat162 scw[2][2], sca[NT][2];
-      chunk_scales<UE8M0>(sw[u][0], scw[0]);
-      chunk_scales<UE8M0>(sw[u][1], scw[1]);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) chunk_scales<UE8M0>(sa[u][j], sca[j]);
+      for (int j = 0; j < NT; ++j) E::scales(sa[u][j], sca[j]);
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {  // MMA jj: codes 4jj..4jj+3 of every chunk
         const int half = jj >> 2;       // codes 0-15 / 16-31: the NVFP4 block
         uint32_t a[4];
-        expand4(cw[u][0], jj, scw[0][half], a[0], a[2]);
-        expand4(cw[u][1], jj, scw[1][half], a[1], a[3]);
+        E::codes(cw[u][0], jj, scw[0][half], a[0], a[2]);
+        E::codes(cw[u][1], jj, scw[1][half], a[1], a[3]);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           uint32_t b0, b1;
-          expand4(ca[u][j], jj, sca[j][half], b0, b1);
-          fi::mma_16816<__nv_bfloat16>(acc[j], a, b0, b1);
+          E::codes(ca[u][j], jj, sca[j][half], b0, b1);
+          fi::mma_16816<typename E::T>(acc[j], a, b0, b1);
         }
       }
     }
@@ -267,7 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
     for (int c = 0; c < 4; ++c) red[warp][j * 4 + c][lane] = acc[j][c];
   __syncthreads();
   if (warp != 0) return;
-  const float alpha = (p.alpha != nullptr ? *p.alpha : 1.f) * (kF16 ? 16384.f : 1.f);
+  const float alpha = (p.alpha != nullptr ? *p.alpha : 1.f) * E::kOut;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
