@@ -5,8 +5,9 @@
 // dequantiser first) is what makes FP4 pay on Hopper.
 //
 // Tensor cores without FP4 support: each thread expands its codes in registers to bf16 with the
-// block scale folded in (code * scale is exact in bf16, see dequant.cu) and feeds m16n8k16 bf16
-// MMAs, W as the MMA's 16-row A operand, the tokens as its 8-column B operand, fp32 accumulators.
+// block scale folded in (code * scale is exact in bf16, see dequant.cu; FI_GEMV_FP4_F16 below is
+// an fp16 form for NVFP4) and feeds m16n8k16 MMAs, W as the MMA's 16-row A operand, the tokens as
+// its 8-column B operand, fp32 accumulators.
 // Thread (g = lane / 4, t = lane % 4) of a warp loads 16 bytes (32 codes) of W rows g and g + 8 at
 // k0 = 128 * step + 32 * t, and the same 32 codes of token g (and g + 8 when M > 8). Its
 // elements 4j..4j+3 serve MMA j (j = 0..7) as the logical k 2t, 2t+1, 2t+8, 2t+9 of both operands:

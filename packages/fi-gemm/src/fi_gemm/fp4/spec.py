@@ -1,5 +1,5 @@
-"""KernelSpecs of the FP4 path: the dequantiser (both operands at M > 16, the activations at
-M <= 16) and the FP4 weight-streaming kernel for M <= 16."""
+"""KernelSpecs of the FP4 path: the dequantiser (both operands, M > 16) and the FP4
+weight-streaming kernel (M <= 16, both operands read packed)."""
 
 from __future__ import annotations
 
