@@ -127,8 +127,10 @@ def test_mm_fp4_validation():
         mm_fp4(a, b, sa[:64], sb)
     with pytest.raises(InputError, match="contiguous scale buffer"):
         mm_fp4(a, b, sa[:, ::2], sb)
-    with pytest.raises(InputTypeError, match="alpha must be"):
+    with pytest.raises(InputError, match="alpha must hold one per-tensor scale"):
         mm_fp4(a, b, sa, sb, alpha=torch.ones(2))
+    with pytest.raises(InputTypeError, match="alpha must be float32"):
+        mm_fp4(a, b, sa, sb, alpha=torch.ones(1, dtype=torch.float64))
     with pytest.raises(InputTypeError, match="out_dtype"):
         mm_fp4(a, b, sa, sb, out_dtype=torch.float32)
     with pytest.raises(UnsupportedError, match="unknown backend"):

@@ -77,6 +77,7 @@
 
 #include "fi/common.cuh"
 #include "fi/mma.cuh"
+#include "fi/vec.cuh"
 
 // Thread-block clusters are available (FI_TARGET_CC: the build's GPU, from fi-core's compile
 // command, visible to host and device code alike).
@@ -143,17 +144,19 @@ template <> struct Mma<__nv_fp8_e5m2, __nv_fp8_e5m2> : fi::Mma16832Fp8<__nv_fp8_
 #define FI_GEMV_PF 128
 #endif
 FI_DEVICE uint4 load_stream(const void* p) {
+#if FI_GEMV_PF == 128
+  return fi::load16_stream(p);
+#else
   uint4 v;
 #if FI_GEMV_PF == 256
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-#elif FI_GEMV_PF == 128
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
 #else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
 #endif
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+#endif
 }
 
 // Activations are re-read by every CTA: keep them in the caches.

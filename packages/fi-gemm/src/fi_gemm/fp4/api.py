@@ -25,7 +25,7 @@ import torch
 from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
-from ..dense.api import _gemm_dispatch, _rep_specs
+from ..dense.api import _check_scale, _gemm_dispatch, _rep_specs
 from .reference import mm_fp4_reference, sf_shape
 from .spec import dequant_spec, gemv_fp4_spec
 
@@ -58,6 +58,9 @@ MM_FP4 = register_op(OpInfo(
 
 
 _MODS: dict = {}
+# Backend per call class (device, requested backend, M <= 16, whether the weight-streaming kernel
+# can take the operands): the registry walk costs more than a decode-shape call on the GPU.
+_CHOICE: dict = {}
 
 
 def _module(device: torch.device, out_dtype) -> object:
@@ -186,12 +189,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     sa = _scale_bytes("a_descale", a_descale, m, cols, a_layout, allowed, device)
     sb = _scale_bytes("b_descale", b_descale, n, cols, "128x4", allowed, device)
     if alpha is not None:
-        checks.tensor("alpha", alpha)
-        if alpha.dtype != torch.float32 or alpha.numel() != 1:
-            raise InputTypeError(f"alpha must be a one-element float32 tensor, got {alpha.dtype} "
-                                 f"of shape {tuple(alpha.shape)}")
-        if alpha.device != device:
-            raise InputError(f"alpha must be on {device} like a, got {alpha.device}")
+        _check_scale("alpha", alpha, device)
     if backend in _ALIASES:
         backend = "auto"
     elif backend not in MM_FP4.backend_names():
@@ -207,7 +205,10 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     ldw = w.stride(0) if n > 1 else half
     w_ok = (k % 32 == 0 and ldw % 16 == 0 and w.data_ptr() % 16 == 0 and sb.data_ptr() % 2 == 0
             and sa.data_ptr() % 2 == 0)
-    name = MM_FP4.choose(device, None, requested=backend, m=m, w_ok=w_ok).name
+    key = (device.type, device.index, backend, m <= 16, w_ok)
+    name = _CHOICE.get(key)
+    if name is None:
+        name = _CHOICE[key] = MM_FP4.choose(device, None, requested=backend, m=m, w_ok=w_ok).name
     if name == "reference" or k == 0:
         out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out_dtype, block_size, not use_nvfp4, a_layout))
         return out

@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 
 #include "fi/common.cuh"
+#include "fp4.cuh"
 
 namespace {
 
@@ -30,11 +31,10 @@ struct Params {
   int k_tiles;           // ceil(cols / 4): 4-column tiles of the swizzled layouts
 };
 
-// Byte offset of scale (r, c) in its layout (the formulas of fi_gemm/fp4/reference.py).
+// Byte offset of scale (r, c) in its layout.
 FI_DEVICE int64_t sf_offset(const Params& p, int64_t r, int c) {
-  if (p.layout == kSwizzled128x4)
-    return ((r >> 7) * p.k_tiles + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
-  if (p.layout == kSwizzled8x4) return ((r >> 3) * p.k_tiles + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3);
+  if (p.layout == kSwizzled128x4) return fi_fp4::sf_offset_128x4(r, c, p.k_tiles);
+  if (p.layout == kSwizzled8x4) return fi_fp4::sf_offset_8x4(r, c, p.k_tiles);
   return r * p.cols + c;
 }
 
@@ -43,9 +43,7 @@ FI_DEVICE float decode_scale(uint32_t b, bool ue8m0) {
     if (b == 255u) return __uint_as_float(0x7fc00000u);
     return __uint_as_float(b == 0u ? 0x00400000u : b << 23);
   }
-  __nv_fp8_e4m3 s;
-  s.__x = static_cast<__nv_fp8_storage_t>(b);
-  return static_cast<float>(s);
+  return fi_fp4::e4m3_to_float(b);
 }
 
 // e2m1 -> float: magnitudes 0, 0.5 (exponent field 0) and 2^(e - 1) * (1 + m / 2) for e > 0,

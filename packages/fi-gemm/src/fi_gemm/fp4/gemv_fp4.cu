@@ -21,6 +21,8 @@
 
 #include "fi/common.cuh"
 #include "fi/mma.cuh"
+#include "fi/vec.cuh"
+#include "fp4.cuh"
 
 #ifndef FI_TD
 #define FI_TD __nv_bfloat16
@@ -30,10 +32,6 @@ namespace {
 
 using TD = FI_TD;
 constexpr int kWarps = 8;
-
-template <typename T> FI_DEVICE T from_f32(float x);
-template <> FI_DEVICE __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> FI_DEVICE __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 struct Params {
   TD* out;                    // [m, n], row stride ldo
@@ -47,16 +45,6 @@ struct Params {
   int k_tiles;                // ceil(k / block / 4): 4-column tiles of the scale layouts
   int act_8x4;
 };
-
-// W is read once: past L1, with L2 fetching the 128 bytes around each miss (the row's other
-// lanes read them in the same step).
-FI_DEVICE uint4 load_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // The activations are re-read by every CTA: through the caches.
 FI_DEVICE uint4 load_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
@@ -92,9 +80,7 @@ FI_DEVICE __nv_bfloat16 scale_bf16(uint32_t byte) {
     const uint16_t bits = byte == 0u ? uint16_t(0x0040u) : byte == 255u ? uint16_t(0x7fc0u) : uint16_t(byte << 7);
     return __ushort_as_bfloat16(bits);
   }
-  __nv_fp8_e4m3 s;
-  s.__x = static_cast<__nv_fp8_storage_t>(byte);
-  return __float2bfloat16_rn(static_cast<float>(s));  // exact: e4m3 fits bf16
+  return __float2bfloat16_rn(fi_fp4::e4m3_to_float(byte));  // exact: e4m3 fits bf16
 }
 
 // Codes 4jj..4jj+3 of a 16-byte chunk (bytes 2jj, 2jj + 1) as two bf16x2 words times the scale
@@ -156,11 +142,8 @@ FI_DEVICE void expand4_f16(const uint4& chunk, int jj, __half2 s, uint32_t& w0, 
 
 // Two e4m3 scale bytes (low: codes 0-15) as f16x2 pairs times 2^7.
 FI_DEVICE void chunk_scales_f16(uint32_t bytes, __half2 (&sc)[2]) {
-  __nv_fp8_e4m3 lo, hi;
-  lo.__x = static_cast<__nv_fp8_storage_t>(bytes & 0xffu);
-  hi.__x = static_cast<__nv_fp8_storage_t>(bytes >> 8);
-  sc[0] = __float2half2_rn(static_cast<float>(lo) * 128.f);
-  sc[1] = __float2half2_rn(static_cast<float>(hi) * 128.f);
+  sc[0] = __float2half2_rn(fi_fp4::e4m3_to_float(bytes & 0xffu) * 128.f);
+  sc[1] = __float2half2_rn(fi_fp4::e4m3_to_float(bytes >> 8) * 128.f);
 }
 
 // The two expansions as one policy for the kernel: bf16 tables (MXFP4 always, NVFP4 by default)
@@ -181,15 +164,6 @@ template <> struct Expand<true, false> {
     expand4_f16(c, jj, s, w0, w1);
   }
 };
-
-// Scale-byte offset of (row r, column c) in the 128x4 / 8x4 layouts (fi_gemm/fp4/reference.py).
-// Columns c and c + 1 (c even) are adjacent bytes in both.
-FI_DEVICE int64_t sf_offset(int64_t r, int c, int k_tiles) {
-  return ((r >> 7) * k_tiles + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
-}
-FI_DEVICE int64_t sf_offset_8x4(int64_t r, int c, int k_tiles) {
-  return ((r >> 3) * k_tiles + (c >> 2)) * 32 + (r & 7) * 4 + (c & 3);
-}
 
 // The scale bytes of one thread's 32-code chunk at column c: NVFP4 two (c, c + 1: low, high
 // byte), MXFP4 one.
@@ -224,17 +198,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
       const bool ok = s < steps && k0 < p.k;  // k is a multiple of 32: a chunk is whole or absent
       const int c = UE8M0 ? k0 >> 5 : k0 >> 4;
       const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      cw[u][0] = ok && va ? load_stream(wa + k0 / 2) : zero;
-      cw[u][1] = ok && vb ? load_stream(wb + k0 / 2) : zero;
-      sw[u][0] = ok && va ? load_scales<UE8M0>(p.sf, sf_offset(row_a, c, p.k_tiles)) : 0u;
-      sw[u][1] = ok && vb ? load_scales<UE8M0>(p.sf, sf_offset(row_b, c, p.k_tiles)) : 0u;
+      cw[u][0] = ok && va ? fi::load16_stream(wa + k0 / 2) : zero;  // W is read once
+      cw[u][1] = ok && vb ? fi::load16_stream(wb + k0 / 2) : zero;
+      sw[u][0] = ok && va ? load_scales<UE8M0>(p.sf, fi_fp4::sf_offset_128x4(row_a, c, p.k_tiles)) : 0u;
+      sw[u][1] = ok && vb ? load_scales<UE8M0>(p.sf, fi_fp4::sf_offset_128x4(row_b, c, p.k_tiles)) : 0u;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const int tok = j * 8 + g;
         const bool okt = ok && tok < p.m;
         ca[u][j] = okt ? load_cached(p.act + int64_t(tok) * p.lda + k0 / 2) : zero;
-        sa[u][j] = okt ? load_scales<UE8M0>(p.act_sf, p.act_8x4 ? sf_offset_8x4(tok, c, p.k_tiles)
-                                                                : sf_offset(tok, c, p.k_tiles)) : 0u;
+        sa[u][j] = okt ? load_scales<UE8M0>(p.act_sf, p.act_8x4 ? fi_fp4::sf_offset_8x4(tok, c, p.k_tiles)
+                                                                : fi_fp4::sf_offset_128x4(tok, c, p.k_tiles))
+                       : 0u;
       }
     }
 #pragma unroll
@@ -277,7 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_fp4_kernel(const Params p
       // c0, c1: W row g, tokens 2t, 2t + 1; c2, c3: row g + 8
       const int64_t row = (c < 2) ? row_a : row_b;
       const int tok = j * 8 + 2 * t + (c & 1);
-      if (row < p.n && tok < p.m) p.out[int64_t(tok) * p.ldo + row] = from_f32<TD>(v * alpha);
+      if (row < p.n && tok < p.m) p.out[int64_t(tok) * p.ldo + row] = fi::from_float<TD>(v * alpha);
     }
 }
 

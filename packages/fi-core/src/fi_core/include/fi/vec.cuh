@@ -93,6 +93,17 @@ FI_DEVICE void store16_evict_first(void* ptr, uint4 v) {
                ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(l2_evict_first_policy()) : "memory");
 }
 
+// 16-byte load of data read once that other threads of the CTA read around it in the same pass
+// (weight streaming): non-coherent, no L1 allocation, L2 fetching the 128 bytes around a miss.
+// Only for data no kernel writes while it runs.
+FI_DEVICE uint4 load16_stream(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
 // Elements of T in one 16-byte access.
 template <typename T>
 constexpr int kVec16 = 16 / sizeof(T);
