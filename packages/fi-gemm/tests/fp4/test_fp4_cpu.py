@@ -107,6 +107,20 @@ def test_mm_fp4_b_row_major_and_out():
     assert torch.equal(out, want)
 
 
+def test_torch_compile_fullgraph_cpu():
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(5, 64, generator=g), torch.randn(24, 64, generator=g)
+    gx, gw = (448 * 6 / x.abs().amax()).reshape(1), (448 * 6 / w.abs().amax()).reshape(1)
+    (a, sa), (b, sb) = nvfp4_quantize(x, gx), nvfp4_quantize(w, gw)
+    alpha = 1 / (gx * gw)
+
+    def f(a, b, sa, sb, alpha):
+        return mm_fp4(a, b.T, sa, sb.T, alpha) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b, sa, sb, alpha), f(a, b, sa, sb, alpha), atol=0, rtol=0)
+
+
 def _operands():
     a, sa = fp4_quantize(torch.randn(4, 64))
     b, sb = fp4_quantize(torch.randn(8, 64))

@@ -200,8 +200,24 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     if w.stride(-1) != 1 and half > 1:
         w = w.contiguous()  # b given row-major: correct, one transposed copy per call
     a = a if a.stride(-1) == 1 or half <= 1 else a.contiguous()
+    if torch.compiler.is_compiling():
+        torch.ops.fi_gemm.mm_fp4(out, a, w, sa, sb, alpha, block_size, use_nvfp4, use_8x4_sf_layout, backend)
+    else:
+        _mm_fp4_dispatch(out, a, w, sa, sb, alpha, block_size, use_nvfp4, use_8x4_sf_layout, backend)
+    return out
+
+
+def _mm_fp4_dispatch(out: torch.Tensor, a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor,
+                     sb: torch.Tensor, alpha: Optional[torch.Tensor], block_size: int, use_nvfp4: bool,
+                     use_8x4_sf_layout: bool, backend: str) -> None:
+    """Checked operands in, ``out`` written: a [m, k / 2] and w [n, k / 2] codes with K
+    contiguous, sa / sb the scale bytes in storage order, backend "auto" or a registered name."""
+    m, half = a.shape
+    n, k = w.shape[0], 2 * half
+    a_layout = "8x4" if use_8x4_sf_layout else "128x4"
+    device = out.device
     if m == 0 or n == 0:
-        return out
+        return
     ldw = w.stride(0) if n > 1 else half
     w_ok = (k % 32 == 0 and ldw % 16 == 0 and w.data_ptr() % 16 == 0 and sb.data_ptr() % 2 == 0
             and sa.data_ptr() % 2 == 0)
@@ -210,8 +226,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     if name is None:
         name = _CHOICE[key] = MM_FP4.choose(device, None, requested=backend, m=m, w_ok=w_ok).name
     if name == "reference" or k == 0:
-        out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out_dtype, block_size, not use_nvfp4, a_layout))
-        return out
+        out.copy_(mm_fp4_reference(a, w, sa, sb, alpha, out.dtype, block_size, not use_nvfp4, a_layout))
+        return
     stream = current_stream(device)
     if name == "gemv_fp4":
         # 16-byte activation loads; k % 32 == 0 here, so a fresh copy's rows qualify
@@ -220,11 +236,11 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
         lda = a.stride(0) if m > 1 else half
         ldo = out.stride(0) if m > 1 else n
         with on_device(device):
-            _module(device, out_dtype).fi_gemv_fp4(
+            _module(device, out.dtype).fi_gemv_fp4(
                 out.data_ptr(), a.data_ptr(), sa.data_ptr(), w.data_ptr(), sb.data_ptr(),
                 alpha.data_ptr() if alpha is not None else None, m, n, k, lda, ldw, ldo, block_size,
                 int(not use_nvfp4), int(use_8x4_sf_layout), stream)
-        return out
+        return
     # The dequantiser reads 8 bytes at a time; k % 16 == 0, so a fresh copy's rows qualify.
     if a.data_ptr() % 8 or (m > 1 and a.stride(0) % 8):
         a = a.clone(memory_format=torch.contiguous_format)
@@ -235,4 +251,15 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
         af = _dequant(mod, a, sa, k, block_size, a_layout, not use_nvfp4, stream)
         wf = _dequant(mod, w, sb, k, block_size, "128x4", not use_nvfp4, stream)
     _gemm_dispatch("mm_bf16", out, af, wf, None, alpha, None, "auto")
-    return out
+
+
+@torch.library.custom_op("fi_gemm::mm_fp4", mutates_args=("out",))
+def _mm_fp4_op(out: torch.Tensor, a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+               alpha: Optional[torch.Tensor], block_size: int, use_nvfp4: bool, use_8x4_sf_layout: bool,
+               backend: str) -> None:
+    _mm_fp4_dispatch(out, a, w, sa, sb, alpha, block_size, use_nvfp4, use_8x4_sf_layout, backend)
+
+
+@_mm_fp4_op.register_fake
+def _(out, a, w, sa, sb, alpha, block_size, use_nvfp4, use_8x4_sf_layout, backend) -> None:
+    return None
