@@ -15,7 +15,7 @@ import torch
 from fi_core import Arch, KernelSpec
 
 from .dense.spec import gemm_sm80_spec, gemm_sm90_spec, gemv_spec
-from .fp4.spec import dequant_spec, gemv_fp4_spec
+from .fp4.spec import dequant_spec, gemv_fp4_spec, quant_spec
 from .fp8.spec import blockwise_sm89_spec, blockwise_sm90_spec
 
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
@@ -24,7 +24,7 @@ e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 def gpu_test_specs(arch: Arch) -> list[KernelSpec]:
     """Modules used by tests/ and bench routines on `arch`."""
-    specs = [dequant_spec(arch), gemv_fp4_spec(bf16, arch), gemv_fp4_spec(f16, arch),
+    specs = [quant_spec(arch), dequant_spec(arch), gemv_fp4_spec(bf16, arch), gemv_fp4_spec(f16, arch),
              gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, f16, arch),
              gemv_spec(f16, f16, f16, arch), gemv_spec(bf16, bf16, f32, arch)]
     if arch.cc >= 89:

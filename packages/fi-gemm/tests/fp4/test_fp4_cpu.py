@@ -107,6 +107,22 @@ def test_mm_fp4_b_row_major_and_out():
     assert torch.equal(out, want)
 
 
+def test_quantize_scale_edges():
+    """UE8M0 exponent exactly at and just above a power of two, a NaN block (scale NaN, codes 0),
+    an inf block (largest scale), a zero block."""
+    x = torch.zeros(5, 32)
+    x[0, 0] = 6.0
+    x[1, 0] = 6.0 * (1 + 2 ** -20)
+    x[2, 1], x[2, 2] = float("nan"), 3.0
+    x[3, 0] = float("inf")
+    q, sf = fp4_quantize(x, None, 32, True, False)
+    assert sf.flatten().tolist() == [127, 128, 255, 254, 0]
+    assert q[2].eq(0).all() and q[0, 0] == 7 and q[3, 0] == 7
+    q, sf = fp4_quantize(x, torch.ones(1), 16, False, False)
+    assert sf[2, 0] == 0x7F and q[2].eq(0).all()  # e4m3 NaN, codes 0
+    assert sf[3, 0] == 0x7E  # 448
+
+
 def test_torch_compile_fullgraph_cpu():
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(5, 64, generator=g), torch.randn(24, 64, generator=g)

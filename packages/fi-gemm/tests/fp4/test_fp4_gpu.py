@@ -1,5 +1,5 @@
-"""GPU tests of mm_fp4, its FP4 weight-streaming kernel and its dequantiser against the fp32
-references.
+"""GPU tests of fp4_quantize's kernel against the torch recipe, and of mm_fp4, its FP4
+weight-streaming kernel and its dequantiser against the fp32 references.
 
 Grid reduction: M covers the FP4 weight-streaming kernel (1, 3: one 8-token MMA tile; 9, 16: two)
 and the dequantise + CUTLASS path (17, 127, 1024); N = 1000 ends inside a 16-row slab and a 128-row
@@ -16,7 +16,7 @@ from fi_gemm import fp4_quantize, mm_fp4
 from fi_gemm.fp4 import api as fp4_api
 from fi_gemm.fp4.reference import dequantize_fp4, mm_fp4_reference, sf_shape
 from fi_gemm.dense.spec import gemm_sm90_spec, gemv_spec
-from fi_gemm.fp4.spec import dequant_spec, gemv_fp4_spec
+from fi_gemm.fp4.spec import dequant_spec, gemv_fp4_spec, quant_spec
 
 pytestmark = testing.gpu_only()
 DEV = "cuda"
@@ -28,8 +28,8 @@ _FMT = {"nvfp4": (16, False, False), "nvfp4_8x4": (16, False, True), "mxfp4": (3
 def _warm():
     """The dequantiser and the bf16 GEMM units these shapes reach."""
     arch = arch_of(torch.device(DEV))
-    specs = [dequant_spec(arch), gemv_fp4_spec(bf16, arch), gemv_fp4_spec(torch.float16, arch),
-             gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, torch.float16, arch)]
+    specs = [quant_spec(arch), dequant_spec(arch), gemv_fp4_spec(bf16, arch),
+             gemv_fp4_spec(torch.float16, arch), gemv_spec(bf16, bf16, bf16, arch), gemv_spec(bf16, bf16, torch.float16, arch)]
     if arch.cc == 90:
         specs += [gemm_sm90_spec(bf16, bf16, out, cfg, arch) for out in (bf16, torch.float16)
                   for cfg in ("mid", "large")]
@@ -58,6 +58,77 @@ def test_dequant_kernel_is_exact(layout, fmt, rows, k):
     got = fp4_api._dequant(mod, q, sf, k, block, layout, ue8m0, torch.cuda.current_stream().cuda_stream)
     want = dequantize_fp4(q, sf, block, ue8m0, layout)
     assert torch.equal(got.float(), want)  # exact: code * scale fits bf16
+
+
+def _quant_input(rows, k, dtype, seed):
+    """Blocks of random magnitude (2^-30 .. 2^30 per 16 elements), exact e2m1 ties (grid points
+    times a power of two), zero, subnormal and signed-zero blocks; NaN / inf in one block each."""
+    x = testing.randn((rows, k), torch.float32, "cpu", seed=seed)
+    g = testing.generator(seed)
+    mag = torch.randint(-30, 31, (rows, k // 16), generator=g).float().exp2()
+    if dtype == torch.float16:
+        mag = mag.clamp(2.0 ** -10, 2.0 ** 10)
+    x = (x.view(rows, k // 16, 16) * mag.unsqueeze(-1)).view(rows, k)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.25, -0.75, -1.25, -1.75, -2.5,
+                         -3.5, -5.0, -6.0])
+    x[0, :16] = ties * 4  # amax 24: scale 4 in both formats, each value a tie on the code grid
+    if k >= 64:
+        x[0, 16:32] = 0.0
+        x[0, 32:48] = -0.0
+        x[0, 48:64] = 1e-40 if dtype == torch.float32 else 0.0
+    if rows > 2:
+        x[1, 5] = float("nan")
+        x[2, 3] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [bf16, torch.float16, torch.float32])
+@pytest.mark.parametrize("fmt, layout", [("nvfp4", "128x4"), ("nvfp4", "8x4"), ("nvfp4", "linear"),
+                                         ("nvfp4_nogs", "128x4"), ("mxfp4", "128x4"), ("mxfp4", "linear")])
+@pytest.mark.parametrize("rows, k", [(1, 32), (37, 64), (130, 800), (300, 4096)])
+def test_quantize_kernel_matches_the_torch_recipe(dtype, fmt, layout, rows, k):
+    """fp4_quantize's kernel against the torch ops on the CPU, byte for byte (codes and the whole
+    padded scale buffer)."""
+    block, ue8m0 = (32, True) if fmt == "mxfp4" else (16, False)
+    x = _quant_input(rows, k, dtype, rows + k)
+    gs = None if fmt != "nvfp4" else torch.tensor([448 * 6 / 40.0])
+    sw, l8 = layout != "linear", layout == "8x4"
+    q, sf = fp4_quantize(x.to(DEV), None if gs is None else gs.to(DEV), block, ue8m0, sw, l8)
+    rq, rsf = fp4_quantize(x, gs, block, ue8m0, sw, l8)
+    assert q.shape == rq.shape and sf.shape == rsf.shape
+    assert torch.equal(sf.cpu(), rsf)
+    assert torch.equal(q.cpu(), rq)
+
+
+def test_quantize_kernel_views_and_batch_dims():
+    """A column window of a wider tensor (16-byte aligned rows: no copy; 8-byte: copied), a 3-D
+    input, and an empty one."""
+    base = testing.randn((40, 200), bf16, DEV, seed=11)
+    gs = torch.tensor([100.0], device=DEV)
+    for x in (base[:, 16:144], base[:, 4:132], base[3:7, 32:96]):
+        q, sf = fp4_quantize(x, gs)
+        rq, rsf = fp4_quantize(x.cpu(), gs.cpu())
+        assert torch.equal(q.cpu(), rq) and torch.equal(sf.cpu(), rsf)
+    x3 = testing.randn((2, 3, 64), torch.float16, DEV, seed=12)
+    q, sf = fp4_quantize(x3, None, 32, True)
+    rq, rsf = fp4_quantize(x3.cpu(), None, 32, True)
+    assert q.shape == (6, 32) and torch.equal(q.cpu(), rq) and torch.equal(sf.cpu(), rsf)
+    q, sf = fp4_quantize(torch.empty(0, 64, device=DEV, dtype=bf16))
+    assert q.shape == (0, 32) and sf.shape == (0, 4)
+
+
+def test_quantize_cuda_graph_replay():
+    x = testing.randn((64, 256), bf16, DEV, seed=13)
+    gs = torch.tensor([50.0], device=DEV)
+    fp4_quantize(x, gs)  # load outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, sf = fp4_quantize(x, gs)
+    x.copy_(testing.randn((64, 256), bf16, DEV, seed=14))
+    gs.fill_(80.0)
+    graph.replay()
+    rq, rsf = fp4_quantize(x.cpu(), gs.cpu())
+    assert torch.equal(q.cpu(), rq) and torch.equal(sf.cpu(), rsf)
 
 
 def _operands(m, n, k, fmt, seed):

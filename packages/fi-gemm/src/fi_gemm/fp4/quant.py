@@ -14,8 +14,9 @@ to ties in the last rounding):
 - e2m1 rounding is to nearest, ties to the even code, saturating at +-6; the sign of a negative
   value that rounds to zero is kept.
 
-Pure torch (elementwise ops and reductions, no host synchronisation): right for weights at load
-time; an activation quantiser fused into the producing kernel is not provided yet.
+On a GPU one kernel does it in a pass over the input (``quant.cu``: same fp32 steps, same bytes);
+on the CPU, and as the reference, the torch ops below. A quantiser fused into the kernel that
+produces the activations is not provided yet.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import Optional
 
 import torch
 
-from fi_core import checks
+from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_device, register_op
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
 from .reference import sf_offsets, sf_shape
+from .spec import quant_spec
 
 __all__ = ["SfLayout", "fp4_quantize", "mxfp4_quantize", "nvfp4_quantize"]
 
@@ -38,6 +40,18 @@ _IN = (torch.bfloat16, torch.float16, torch.float32)
 # when passed.
 _PASSED = (0.25, 1.25, 2.5, 5.0)
 _REACHED = (0.75, 1.75, 3.5)
+
+
+FP4_QUANTIZE = register_op(OpInfo(
+    name="fp4_quantize", family="fi-gemm", api="flashinfer.fp4_quantize", stability="experimental",
+    backends=(Backend("cuda", min_arch="8.0", notes="one pass: amax, scale, codes, swizzled scale store"),
+              Backend("reference", devices=("cpu", "cuda"), notes="torch ops, the same fp32 steps")),
+    specs=lambda arch: [quant_spec(arch)]))
+
+_LAYOUT_CODE = {"128x4": 0, "8x4": 1, "linear": 2}
+_DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+_MODS: dict = {}
+_CHOICE: dict = {}
 
 
 class SfLayout(enum.Enum):
@@ -59,13 +73,20 @@ def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
 
 
 def _block_scales(amax: torch.Tensor, gs: torch.Tensor, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(stored scale bytes, the multiplier that maps x onto the code grid) per block."""
+    """(stored scale bytes, the multiplier that maps x onto the code grid) per block, fp32 step by
+    step as quant.cu computes them (``amax * (1 / 6)`` is a multiplication in both: torch on CUDA
+    would turn ``amax / 6.0`` into one, on the CPU not)."""
+    want = amax * (1.0 / 6.0)
     if ue8m0:
-        want = amax / 6.0
-        exp = torch.ceil(torch.log2(want.clamp(min=2.0 ** -127))).clamp(-127, 127)
-        raw = (exp + 127).to(torch.uint8)
+        # ceil(log2(want)) exactly: frexp's exponent, one less for a power of two; clamped to
+        # UE8M0's range, 0 -> 2^-127, inf -> 2^127, NaN -> the NaN byte 255.
+        m, e = torch.frexp(want)
+        exp = torch.where(m == 0.5, e - 1, e)
+        exp = torch.where(want == 0, -127, exp)
+        exp = torch.where(torch.isinf(want), 127, exp).clamp(-127, 127)
+        raw = torch.where(torch.isnan(want), 255, exp + 127).to(torch.uint8)
         return raw, torch.pow(2.0, -exp.double()).float()
-    q = (gs * (amax / 6.0)).clamp(max=448.0).to(torch.float8_e4m3fn)
+    q = (gs * want).clamp(max=448.0).to(torch.float8_e4m3fn)
     qf = q.float()
     mult = torch.where(qf > 0, gs / torch.where(qf > 0, qf, torch.ones_like(qf)), torch.zeros_like(qf))
     return q.view(torch.uint8), mult
@@ -91,7 +112,7 @@ def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = Non
     is_sf_swizzled_layout, is_sf_8x4_layout : bool
         Scale layout: "128x4" (default), "8x4", or linear when not swizzled.
     enable_pdl : bool, optional
-        Accepted for compatibility; these are torch ops.
+        Accepted for compatibility.
 
     Returns
     -------
@@ -117,9 +138,8 @@ def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = Non
         raise InputError(f"input's last dimension must be a multiple of sf_vec_size = {sf_vec_size}, "
                          f"got shape {tuple(input.shape)}")
     k = input.shape[-1]
-    x = input.reshape(-1, k).float()
-    rows = x.shape[0]
-    gs = torch.ones((), device=x.device)
+    x = input.reshape(-1, k)
+    gs = None
     if global_scale is not None and not sf_use_ue8m0:
         checks.tensor("global_scale", global_scale)
         if global_scale.dtype != torch.float32 or global_scale.numel() != 1:
@@ -128,16 +148,75 @@ def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = Non
         if global_scale.device != x.device:
             raise InputError(f"global_scale must be on {x.device} like input, got {global_scale.device}")
         gs = global_scale.reshape(())
+    layout = ("8x4" if is_sf_8x4_layout else "128x4") if is_sf_swizzled_layout else "linear"
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        return fp4_quantize_reference(x, gs, sf_vec_size, sf_use_ue8m0, layout)
+    rows = x.shape[0]
+    pr, pc = sf_shape(rows, k // sf_vec_size, layout)
+    q = torch.empty((rows, k // 2), dtype=torch.uint8, device=x.device)
+    sf = torch.empty((pr, pc), dtype=torch.uint8, device=x.device)
+    if torch.compiler.is_compiling():
+        torch.ops.fi_gemm.fp4_quantize(q, sf, x, gs, sf_vec_size, sf_use_ue8m0, layout)
+    else:
+        _quantize_dispatch(q, sf, x, gs, sf_vec_size, sf_use_ue8m0, layout)
+    return q, sf
+
+
+def fp4_quantize_reference(x: torch.Tensor, gs: Optional[torch.Tensor], sf_vec_size: int, ue8m0: bool,
+                           layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch ops of the recipe (the CPU path and the GPU kernel's reference): x [rows, k],
+    gs a 0-d float32 tensor or None, layout "128x4", "8x4" or "linear"."""
+    k = x.shape[-1]
+    x = x.float()
+    rows = x.shape[0]
+    gs = torch.ones((), device=x.device) if gs is None else gs
     cols = k // sf_vec_size
     blocks = x.view(rows, cols, sf_vec_size)
-    raw, mult = _block_scales(blocks.abs().amax(dim=-1), gs, sf_use_ue8m0)
-    codes = _e2m1_codes(blocks * mult.unsqueeze(-1)).view(rows, k)
+    amax = blocks.abs().amax(dim=-1)
+    raw, mult = _block_scales(amax, gs, ue8m0)
+    codes = _e2m1_codes(blocks * mult.unsqueeze(-1))
+    codes = torch.where(torch.isnan(amax).unsqueeze(-1), 0, codes).view(rows, k)  # a NaN block: codes 0
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    layout = ("8x4" if is_sf_8x4_layout else "128x4") if is_sf_swizzled_layout else "linear"
     pr, pc = sf_shape(rows, cols, layout)
     sf = torch.zeros(pr * pc, dtype=torch.uint8, device=x.device)
     sf[sf_offsets(rows, cols, layout, x.device)] = raw
     return packed, sf.view(pr, pc)
+
+
+def _quantize_dispatch(q: torch.Tensor, sf: torch.Tensor, x: torch.Tensor, gs: Optional[torch.Tensor],
+                       sf_vec_size: int, ue8m0: bool, layout: str) -> None:
+    """Checked operands in, ``q`` and ``sf`` written."""
+    device = x.device
+    name = _CHOICE.get(device)
+    if name is None:
+        name = _CHOICE[device] = FP4_QUANTIZE.choose(device, x.dtype).name
+    if name == "reference" or x.numel() == 0:
+        rq, rsf = fp4_quantize_reference(x, gs, sf_vec_size, ue8m0, layout)
+        q.copy_(rq)
+        sf.copy_(rsf)
+        return
+    # 16-byte loads of each block: rows must start 16-byte aligned (k % 16 == 0 makes a fresh copy's do)
+    if x.stride(-1) != 1 or x.data_ptr() % 16 or (x.shape[0] > 1 and (x.stride(0) * x.element_size()) % 16):
+        x = x.contiguous()
+    mod = _MODS.get(device.index)
+    if mod is None:
+        mod = _MODS[device.index] = load(quant_spec(arch_of(device)))
+    ldx = x.stride(0) if x.shape[0] > 1 else x.shape[1]
+    with on_device(device):
+        mod.fi_fp4_quantize(q.data_ptr(), sf.data_ptr(), x.data_ptr(), gs.data_ptr() if gs is not None else None,
+                            x.shape[0], x.shape[1], ldx, sf.shape[0], sf.shape[1], sf_vec_size,
+                            _LAYOUT_CODE[layout], int(ue8m0), _DTYPE_CODE[x.dtype], current_stream(device))
+
+
+@torch.library.custom_op("fi_gemm::fp4_quantize", mutates_args=("q", "sf"))
+def _quantize_op(q: torch.Tensor, sf: torch.Tensor, x: torch.Tensor, gs: Optional[torch.Tensor],
+                 sf_vec_size: int, ue8m0: bool, layout: str) -> None:
+    _quantize_dispatch(q, sf, x, gs, sf_vec_size, ue8m0, layout)
+
+
+@_quantize_op.register_fake
+def _(q, sf, x, gs, sf_vec_size, ue8m0, layout) -> None:
+    return None
 
 
 def nvfp4_quantize(a: torch.Tensor, a_global_sf: torch.Tensor,

@@ -1,5 +1,5 @@
-"""KernelSpecs of the FP4 path: the dequantiser (both operands, M > 16) and the FP4
-weight-streaming kernel (M <= 16, both operands read packed)."""
+"""KernelSpecs of the FP4 path: the quantiser, the dequantiser (both operands, M > 16) and the
+FP4 weight-streaming kernel (M <= 16, both operands read packed)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def dequant_spec(arch: Arch) -> KernelSpec:
     bandwidth-bound, a branch per 8-byte group costs nothing measurable)."""
     return KernelSpec(name="fp4_dequant", sources=(_HERE / "dequant.cu",), arch=arch,
                       entries=(Entry("fi_fp4_dequant", DEQUANT_ARGS),), package="fi_gemm")
+
+
+QUANT_ARGS = ("ptr",) * 4 + ("i64",) * 9 + ("stream",)
+
+
+def quant_spec(arch: Arch) -> KernelSpec:
+    """fp4_quantize's kernel: one module for the three input dtypes, both block sizes and scale
+    kinds (template instances picked at launch)."""
+    return KernelSpec(name="fp4_quantize", sources=(_HERE / "quant.cu",), arch=arch,
+                      entries=(Entry("fi_fp4_quantize", QUANT_ARGS),), package="fi_gemm")
 
 
 GEMV_FP4_ARGS = ("ptr",) * 6 + ("i64",) * 9 + ("stream",)
