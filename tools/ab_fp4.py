@@ -42,7 +42,7 @@ def use_build(sw: dict) -> None:
 
     spec.GEMV_FP4_AB.clear()
     spec.GEMV_FP4_AB.update(sw)
-    api._MODS.clear()
+    api.reset_dispatch()
 
 
 def make_cases(names: list[str], dev):

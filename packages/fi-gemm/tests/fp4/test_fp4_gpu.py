@@ -186,6 +186,40 @@ def test_mm_fp4_fp16_out_row_major_b_and_no_alpha(m):
     testing.assert_close(got.float() / ref.abs().max(), ref / ref.abs().max(), dtype=torch.float16)
 
 
+# Repeat calls of the decode shapes take the recorded fast path (fp4_api._FAST): new codes,
+# scales, alpha and output each call; a misaligned operand, out= or another format goes through
+# the checks.
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_8x4", "mxfp4"])
+def test_repeat_decode_calls_take_the_fast_path_and_stay_correct(fmt):
+    fp4_api.reset_dispatch()
+    block, mx, l8 = _FMT[fmt]
+
+    def call(a, sa, b, sb, alpha, **kw):
+        return mm_fp4(a, b.T, sa, sb.T, alpha, block_size=block, use_nvfp4=not mx, use_8x4_sf_layout=l8, **kw)
+
+    def ref(a, sa, b, sb, alpha):
+        return mm_fp4_reference(a, b, sa, sb, alpha, torch.float32, block, mx, "8x4" if l8 else "128x4")
+
+    ops = _operands(7, 1000, 800, fmt, seed=40)
+    first = call(*ops)
+    assert len(fp4_api._FAST) == 1, "a checked gemv_fp4 call without copies must record its signature"
+    for seed in (41, 42):
+        ops2 = _operands(7, 1000, 800, fmt, seed=seed)
+        got = call(*ops2)
+        assert got.data_ptr() != first.data_ptr(), "every call returns a new output"
+        testing.assert_close(got.float() / 30, ref(*ops2) / 30, dtype=bf16)
+    # a's codes 8 bytes past a 16-byte boundary: the checks copy them (and record nothing)
+    a, sa, b, sb, alpha = ops
+    buf = torch.zeros(7 * 400 + 16, dtype=torch.uint8, device=DEV)
+    a_odd = buf[8: 8 + 7 * 400].view(7, 400)
+    a_odd.copy_(a)
+    testing.assert_close(call(a_odd, sa, b, sb, alpha).float() / 30, ref(*ops) / 30, dtype=bf16)
+    out = testing.empty_poisoned((7, 1000), bf16, DEV)
+    call(*ops, out=out)
+    testing.assert_close(out.float() / 30, ref(*ops) / 30, dtype=bf16)
+    assert len(fp4_api._FAST) == 1
+
+
 def test_mm_fp4_cuda_graph_replay():
     a, sa, b, sb, alpha = _operands(16, 1024, 1024, "nvfp4", seed=9)
     eager = mm_fp4(a, b.T, sa, sb.T, alpha)

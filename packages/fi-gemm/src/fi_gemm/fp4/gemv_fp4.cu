@@ -4,10 +4,10 @@
 // per weight plus 1/16 or 1/32 of a scale byte) instead of as a bf16 copy (2 bytes, written by a
 // dequantiser first) is what makes FP4 pay on Hopper.
 //
-// Tensor cores without FP4 support: each thread expands its codes in registers to bf16 with the
-// block scale folded in (code * scale is exact in bf16, see dequant.cu; FI_GEMV_FP4_F16 below is
-// an fp16 form for NVFP4) and feeds m16n8k16 MMAs, W as the MMA's 16-row A operand, the tokens as
-// its 8-column B operand, fp32 accumulators.
+// Tensor cores without FP4 support: each thread expands its codes in registers with the block scale
+// folded in, NVFP4 to fp16 by bit placement (FI_GEMV_FP4_F16 below), MXFP4 to bf16 through byte
+// tables (code * scale is exact in either, see dequant.cu), and feeds m16n8k16 MMAs, W as the MMA's
+// 16-row A operand, the tokens as its 8-column B operand, fp32 accumulators.
 // Thread (g = lane / 4, t = lane % 4) of a warp loads 16 bytes (32 codes) of W rows g and g + 8 at
 // k0 = 128 * step + 32 * t, and the same 32 codes of token g (and g + 8 when M > 8). Its
 // elements 4j..4j+3 serve MMA j (j = 0..7) as the logical k 2t, 2t+1, 2t+8, 2t+9 of both operands:
@@ -102,16 +102,17 @@ FI_DEVICE void chunk_scales(uint32_t bytes, __nv_bfloat162 (&sc)[2]) {
   sc[1] = __halves2bfloat162(hi, hi);
 }
 
-// FI_GEMV_FP4_F16 (NVFP4 only; A/B switch): expand to fp16 by bit placement instead of the bf16
-// tables. A code's exponent and mantissa bits shifted into an fp16's (e at bits 10-11, m at bit 9)
-// read as code * 2^-14 for every code (e = 0 lands on fp16 subnormals 0 and 2^-15), its sign bit
-// moves to bit 15; two codes four apart share one shift pair (about 2 instructions per code). The
+// FI_GEMV_FP4_F16 (NVFP4 only; on by default, 0 builds the bf16 tables for A/B runs): expand to
+// fp16 by bit placement, x1.31-1.38 over the tables on an H100 (session 44, tools/ab_fp4.py). A
+// code's exponent and mantissa bits shifted into an fp16's (e at bits 10-11, m at bit 9) read as
+// code * 2^-14 for every code (e = 0 lands on fp16 subnormals 0 and 2^-15), its sign bit moves to
+// bit 15; two codes four apart share one shift pair (about 2 instructions per code). The
 // scale goes in times 2^7, which keeps every product exact in fp16 (from 2^-22 for the smallest
 // code and e4m3 scale up to 21 for the largest); the epilogue multiplies by 2^14 (both operands'
 // 2^-14 * 2^7). The pairs (i, i + 4) are the fragment words of both operands alike, which the
 // MMA's indifference to the order of k allows (see the top of this file).
 #ifndef FI_GEMV_FP4_F16
-#define FI_GEMV_FP4_F16 0
+#define FI_GEMV_FP4_F16 1
 #endif
 
 template <int I>  // codes I and I + 4 of a word -> one f16x2 word (times 2^-14)
@@ -146,8 +147,8 @@ FI_DEVICE void chunk_scales_f16(uint32_t bytes, __half2 (&sc)[2]) {
   sc[1] = __float2half2_rn(fi_fp4::e4m3_to_float(bytes >> 8) * 128.f);
 }
 
-// The two expansions as one policy for the kernel: bf16 tables (MXFP4 always, NVFP4 by default)
-// or fp16 bit placement (NVFP4 with FI_GEMV_FP4_F16), with the MMA type and the epilogue factor.
+// The two expansions as one policy for the kernel: bf16 tables (MXFP4; NVFP4 when FI_GEMV_FP4_F16
+// is 0) or fp16 bit placement (NVFP4 by default), with the MMA type and the epilogue factor.
 template <bool F16, bool UE8M0> struct Expand {
   using T = __nv_bfloat16;
   using S = __nv_bfloat162;

@@ -61,18 +61,9 @@ FI_DEVICE uint32_t e2m1_code(float y) {
   return c | ((__float_as_uint(y) >> 28) & 8u);
 }
 
-template <typename T, int B, bool UE8M0>
-__global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.entries) return;
-  const int64_t r = e / p.pc;
-  const int c = int(e - r * p.pc);
-  if (r >= p.rows || c >= p.cols) {  // padding of a swizzled layout
-    p.sf[sf_offset(p, r, c)] = 0;
-    return;
-  }
-  float v[B];
-  load_floats<B>(static_cast<const T*>(p.x) + r * p.ldx + int64_t(c) * B, v);
+// Scale and codes of the block (r, c) whose B inputs are v, stored.
+template <int B, bool UE8M0>
+FI_DEVICE void quantize_block(const Params& p, int64_t r, int c, const float* v) {
   float amax = 0.0f;
   bool nan = false;
 #pragma unroll
@@ -122,9 +113,41 @@ __global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
   p.sf[sf_offset(p, r, c)] = uint8_t(byte);
 }
 
+// Scale entries per thread (A/B switch): a thread issues the loads of all its blocks (adjacent
+// blocks of a row) before it works on the first.
+#ifndef FI_FP4_QUANT_EPT
+#define FI_FP4_QUANT_EPT 1
+#endif
+constexpr int kEpt = FI_FP4_QUANT_EPT;
+
+template <typename T, int B, bool UE8M0>
+__global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
+  const int64_t e0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kEpt;
+  float v[kEpt][B];
+  int64_t r[kEpt];
+  int c[kEpt];
+  bool real[kEpt];
+#pragma unroll
+  for (int j = 0; j < kEpt; ++j) {
+    const int64_t e = e0 + j;
+    r[j] = e / p.pc;
+    c[j] = int(e - r[j] * p.pc);
+    real[j] = e < p.entries && r[j] < p.rows && c[j] < p.cols;
+    if (real[j]) load_floats<B>(static_cast<const T*>(p.x) + r[j] * p.ldx + int64_t(c[j]) * B, v[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kEpt; ++j) {
+    if (real[j]) {
+      quantize_block<B, UE8M0>(p, r[j], c[j], v[j]);
+    } else if (e0 + j < p.entries) {
+      p.sf[sf_offset(p, r[j], c[j])] = 0;  // padding of a swizzled layout
+    }
+  }
+}
+
 template <typename T>
 int launch(const Params& p, int block, bool ue8m0, cudaStream_t stream) {
-  const int64_t blocks = (p.entries + 255) / 256;
+  const int64_t blocks = (p.entries + 256 * kEpt - 1) / (256 * kEpt);
   if (blocks > 0x7fffffff) return (int)cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   if (block == 16 && !ue8m0) fp4_quantize_kernel<T, 16, false><<<grid, 256, 0, stream>>>(p);

@@ -25,10 +25,17 @@ def dequant_spec(arch: Arch) -> KernelSpec:
 QUANT_ARGS = ("ptr",) * 4 + ("i64",) * 9 + ("stream",)
 
 
+# A/B builds of the quantiser: {"EPT": 2} -> FI_FP4_QUANT_EPT=2 (tools/ab_fp4.py); empty for users.
+QUANT_AB: dict = {}
+
+
 def quant_spec(arch: Arch) -> KernelSpec:
     """fp4_quantize's kernel: one module for the three input dtypes, both block sizes and scale
     kinds (template instances picked at launch)."""
-    return KernelSpec(name="fp4_quantize", sources=(_HERE / "quant.cu",), arch=arch,
+    ab = sorted(QUANT_AB.items())
+    return KernelSpec(name="fp4_quantize" + "".join(f"_{k.lower()}{v}" for k, v in ab),
+                      sources=(_HERE / "quant.cu",), arch=arch,
+                      defines={f"FI_FP4_QUANT_{k}": v for k, v in ab},
                       entries=(Entry("fi_fp4_quantize", QUANT_ARGS),), package="fi_gemm")
 
 
