@@ -31,11 +31,11 @@ SWITCHES = ("EPT",)
 
 
 def use_build(sw: dict) -> None:
-    from fi_gemm.fp4 import quant, spec  # noqa: PLC0415
+    from fi_gemm.fp4 import api, spec  # noqa: PLC0415
 
     spec.QUANT_AB.clear()
     spec.QUANT_AB.update(sw)
-    quant._MODS.clear()
+    api.reset_dispatch()
 
 
 def main() -> int:

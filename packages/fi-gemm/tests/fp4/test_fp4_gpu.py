@@ -117,6 +117,31 @@ def test_quantize_kernel_views_and_batch_dims():
     assert q.shape == (0, 32) and sf.shape == (0, 4)
 
 
+def test_repeat_quantize_calls_take_the_fast_path_and_stay_correct():
+    """Repeat calls (recorded signature): new data and global scale each call, new outputs; a
+    misaligned view with the same signature goes through the checks."""
+    fp4_api.reset_dispatch()
+    from fi_gemm.fp4 import quant
+
+    gs = torch.tensor([100.0], device=DEV)
+    x = testing.randn((5, 256), bf16, DEV, seed=20)
+    first = fp4_quantize(x, gs)
+    assert len(quant._FAST) == 1, "a checked call on an aligned input must record its signature"
+    for seed in (21, 22):
+        x2 = testing.randn((5, 256), bf16, DEV, seed=seed)
+        gs2 = torch.tensor([float(seed)], device=DEV)
+        q, sf = fp4_quantize(x2, gs2)
+        assert q.data_ptr() != first[0].data_ptr()
+        rq, rsf = fp4_quantize(x2.cpu(), gs2.cpu())
+        assert torch.equal(q.cpu(), rq) and torch.equal(sf.cpu(), rsf)
+    buf = testing.randn((5 * 256 + 8,), bf16, DEV, seed=23)
+    x_odd = buf[4: 4 + 5 * 256].view(5, 256)  # 8 bytes past a 16-byte boundary, same signature
+    q, sf = fp4_quantize(x_odd, gs)
+    rq, rsf = fp4_quantize(x_odd.cpu(), gs.cpu())
+    assert torch.equal(q.cpu(), rq) and torch.equal(sf.cpu(), rsf)
+    assert len(quant._FAST) == 1
+
+
 def test_quantize_cuda_graph_replay():
     x = testing.randn((64, 256), bf16, DEV, seed=13)
     gs = torch.tensor([50.0], device=DEV)

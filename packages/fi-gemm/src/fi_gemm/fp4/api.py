@@ -84,11 +84,16 @@ def _fp4_key(a, b, a_descale, b_descale, alpha, out_dtype, block_size, use_8x4, 
 
 
 def reset_dispatch() -> None:
-    """Forget the dispatch memos (backend per call class, recorded fast calls, loaded modules):
-    after an A/B switch changed which module a spec names."""
+    """Forget the dispatch memos of mm_fp4 and fp4_quantize (backend per call class, recorded fast
+    calls, loaded modules): after an A/B switch changed which module a spec names."""
+    from . import quant  # noqa: PLC0415
+
     _CHOICE.clear()
     _FAST.clear()
     _MODS.clear()
+    quant._CHOICE.clear()
+    quant._FAST.clear()
+    quant._MODS.clear()
 
 
 def _module(device: torch.device, out_dtype) -> object:
