@@ -5,8 +5,9 @@ over rounds), with a bf16 copy of the same input (read k x 2 bytes, write as man
 
     python3 tools/ab_quant.py [--rounds 9] [--cases q4096,q16384] BUILD ...
 
-BUILD is ``0`` (the sources' defaults) or ``EPT=N`` (quant.cu built with FI_FP4_QUANT_EPT = N:
-scale entries per thread), or ``copy`` (torch's copy of the input: the bandwidth reference).
+BUILD is ``0`` (the sources' defaults), ``EPT=N`` (quant.cu built with FI_FP4_QUANT_EPT = N:
+scale entries per thread), ``BITS=0|1`` (the e2m1 code by threshold compares or from the float's
+bits), several joined by commas, or ``copy`` (torch's copy of the input: the bandwidth reference).
 Cases: ``qN`` = NVFP4 of N rows x 4096 bf16, ``qxN`` = MXFP4 of the same.
 
 One line per case: each build's median, its TB/s (input read, codes and scales written; the copy
@@ -27,7 +28,7 @@ from ab_common import agree, build_only, capture_cycle, measure, parse_builds, s
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 ALL_CASES = "q4096,q16384,qx4096"
-SWITCHES = ("EPT",)
+SWITCHES = ("EPT", "BITS")
 
 
 def use_build(sw: dict) -> None:

@@ -54,11 +54,30 @@ FI_DEVICE void load_floats(const T* src, float* v) {
 
 // e2m1 code of y (already on the code grid): the count of thresholds passed, ties to the even
 // code (1.0, 2.0 and 4.0 count when reached), saturating at 6; the sign bit of y kept.
+#ifndef FI_FP4_QUANT_BITS
+#define FI_FP4_QUANT_BITS 0
+#endif
 FI_DEVICE uint32_t e2m1_code(float y) {
+  const uint32_t u = __float_as_uint(y);
+#if FI_FP4_QUANT_BITS
+  // The same code from the bits (A/B switch): at |y| >= 1 the e2m1 grid is a float with one
+  // mantissa bit, so adding 2^21 - 1 plus the kept bit (round to nearest, ties to even) and
+  // shifting out 22 bits leaves exponent * 2 + mantissa bit, 254 for 1.0 (code 2); below 1 two
+  // thresholds remain (0.25 passed -> 0.5, 0.75 reached -> 1.0). NaN -> 0, as the compares give.
+  const uint32_t a = u & 0x7fffffffu;
+  uint32_t c;
+  if (a >= 0x3f800000u) {
+    c = (a + 0x001fffffu + ((a >> 22) & 1u)) >> 22;
+    c = a > 0x7f800000u ? 0u : (c - 252u < 7u ? c - 252u : 7u);
+  } else {
+    c = uint32_t(a > 0x3e800000u) + uint32_t(a >= 0x3f400000u);
+  }
+#else
   const float a = fabsf(y);
   const uint32_t c = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) +
                      uint32_t(a >= 1.75f) + uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
-  return c | ((__float_as_uint(y) >> 28) & 8u);
+#endif
+  return c | ((u >> 28) & 8u);
 }
 
 // Scale and codes of the block (r, c) whose B inputs are v, stored.
@@ -91,8 +110,10 @@ FI_DEVICE void quantize_block(const Params& p, int64_t r, int c, const float* v)
   } else {
     const float g = p.gs != nullptr ? *p.gs : 1.0f;
     float t = __fmul_rn(g, want);
-    t = t > 448.0f ? 448.0f : t;  // NaN stays NaN; a negative overflow becomes NaN below
-    byte = __nv_cvt_float_to_fp8(t, __NV_NOSAT, __NV_E4M3);
+    t = t > 448.0f ? 448.0f : (t < -448.0f ? -448.0f : t);  // NaN stays NaN
+    // in range now, so saturation changes nothing: the hardware conversion (sm_89+; NOSAT is
+    // emulated through fp64)
+    byte = __nv_cvt_float_to_fp8(t, __NV_SATFINITE, __NV_E4M3);
     const float qf = fi_fp4::e4m3_to_float(byte);
     mult = qf > 0.0f ? __fdiv_rn(g, qf) : 0.0f;
   }

@@ -100,7 +100,7 @@ def _block_scales(amax: torch.Tensor, gs: torch.Tensor, ue8m0: bool) -> tuple[to
         exp = torch.where(torch.isinf(want), 127, exp).clamp(-127, 127)
         raw = torch.where(torch.isnan(want), 255, exp + 127).to(torch.uint8)
         return raw, torch.pow(2.0, -exp.double()).float()
-    q = (gs * want).clamp(max=448.0).to(torch.float8_e4m3fn)
+    q = (gs * want).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)  # NaN stays NaN
     qf = q.float()
     mult = torch.where(qf > 0, gs / torch.where(qf > 0, qf, torch.ones_like(qf)), torch.zeros_like(qf))
     return q.view(torch.uint8), mult
