@@ -228,7 +228,7 @@ def _quantize_dispatch(q: torch.Tensor, sf: torch.Tensor, x: torch.Tensor, gs: O
         return None
     # 16-byte loads of each block: rows must start 16-byte aligned (k % 16 == 0 makes a fresh copy's do)
     if x.stride(-1) != 1 or x.data_ptr() % 16 or (x.shape[0] > 1 and (x.stride(0) * x.element_size()) % 16):
-        x = x.contiguous()
+        x = x.clone(memory_format=torch.contiguous_format)  # contiguous() keeps a misaligned view
     mod = _MODS.get(device.index)
     if mod is None:
         mod = _MODS[device.index] = load(quant_spec(arch_of(device)))
