@@ -5,9 +5,11 @@ over rounds), with a bf16 copy of the same input (read k x 2 bytes, write as man
 
     python3 tools/ab_quant.py [--rounds 9] [--cases q4096,q16384] BUILD ...
 
-BUILD is ``0`` (the sources' defaults), ``EPT=N`` (quant.cu built with FI_FP4_QUANT_EPT = N:
-scale entries per thread), ``BITS=0|1`` (the e2m1 code by threshold compares or from the float's
-bits), several joined by commas, or ``copy`` (torch's copy of the input: the bandwidth reference).
+BUILD is ``0`` (the sources' defaults), ``NAME=V`` (quant.cu built with FI_FP4_QUANT_NAME = V;
+several joined by commas) or ``copy``. quant.cu has no such switch now: session 44's ``EPT=N``
+(scale entries per thread) and ``BITS=1`` (the e2m1 code from the float's bits) come with
+benchmarks/experiments/session44_fp4_quant_bits_and_ept.diff applied; a switch the source does
+not read is refused (torch's copy of the input: the bandwidth reference).
 Cases: ``qN`` = NVFP4 of N rows x 4096 bf16, ``qxN`` = MXFP4 of the same.
 
 One line per case: each build's median, its TB/s (input read, codes and scales written; the copy
@@ -23,24 +25,27 @@ import sys
 
 import torch
 
-from ab_common import agree, build_only, capture_cycle, measure, parse_builds, switch_build
+from ab_common import agree, build_only, capture_cycle, measure, parse_builds, parse_switches
 
 NOTE = ("CUDA graphs cycling through input sets of >= 3x L2, builds timed in turns; "
         "paired_speedup = median over rounds of t(first build) / t(build)")
 ALL_CASES = "q4096,q16384,qx4096"
-SWITCHES = ("EPT", "BITS")
 
 
 def use_build(sw: dict) -> None:
     from fi_gemm.fp4 import api, spec  # noqa: PLC0415
 
+    src = (spec._HERE / "quant.cu").read_text()
+    for k in sw:
+        if f"FI_FP4_QUANT_{k}" not in src:
+            raise SystemExit(f"quant.cu does not read FI_FP4_QUANT_{k}: apply the experiment patch that adds it")
     spec.QUANT_AB.clear()
     spec.QUANT_AB.update(sw)
     api.reset_dispatch()
 
 
 def main() -> int:
-    args, builds, names = parse_builds(__doc__, ALL_CASES, lambda b: switch_build(b, SWITCHES, ("copy",)))
+    args, builds, names = parse_builds(__doc__, ALL_CASES, lambda b: b if b == "copy" else parse_switches(b))
     if args.build_only:
         from fi_core import Arch  # noqa: PLC0415
         from fi_gemm.fp4.spec import quant_spec  # noqa: PLC0415

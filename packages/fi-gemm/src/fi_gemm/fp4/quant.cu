@@ -54,30 +54,11 @@ FI_DEVICE void load_floats(const T* src, float* v) {
 
 // e2m1 code of y (already on the code grid): the count of thresholds passed, ties to the even
 // code (1.0, 2.0 and 4.0 count when reached), saturating at 6; the sign bit of y kept.
-#ifndef FI_FP4_QUANT_BITS
-#define FI_FP4_QUANT_BITS 0
-#endif
 FI_DEVICE uint32_t e2m1_code(float y) {
-  const uint32_t u = __float_as_uint(y);
-#if FI_FP4_QUANT_BITS
-  // The same code from the bits (A/B switch): at |y| >= 1 the e2m1 grid is a float with one
-  // mantissa bit, so adding 2^21 - 1 plus the kept bit (round to nearest, ties to even) and
-  // shifting out 22 bits leaves exponent * 2 + mantissa bit, 254 for 1.0 (code 2); below 1 two
-  // thresholds remain (0.25 passed -> 0.5, 0.75 reached -> 1.0). NaN -> 0, as the compares give.
-  const uint32_t a = u & 0x7fffffffu;
-  uint32_t c;
-  if (a >= 0x3f800000u) {
-    c = (a + 0x001fffffu + ((a >> 22) & 1u)) >> 22;
-    c = a > 0x7f800000u ? 0u : (c - 252u < 7u ? c - 252u : 7u);
-  } else {
-    c = uint32_t(a > 0x3e800000u) + uint32_t(a >= 0x3f400000u);
-  }
-#else
   const float a = fabsf(y);
   const uint32_t c = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) +
                      uint32_t(a >= 1.75f) + uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
-#endif
-  return c | ((u >> 28) & 8u);
+  return c | ((__float_as_uint(y) >> 28) & 8u);
 }
 
 // Scale and codes of the block (r, c) whose B inputs are v, stored.
@@ -134,41 +115,27 @@ FI_DEVICE void quantize_block(const Params& p, int64_t r, int c, const float* v)
   p.sf[sf_offset(p, r, c)] = uint8_t(byte);
 }
 
-// Scale entries per thread (A/B switch): a thread issues the loads of all its blocks (adjacent
-// blocks of a row) before it works on the first.
-#ifndef FI_FP4_QUANT_EPT
-#define FI_FP4_QUANT_EPT 1
-#endif
-constexpr int kEpt = FI_FP4_QUANT_EPT;
-
+// The compare chain above is ~20 instructions per element and the kernel is bound by instruction
+// issue (1.6-2.1 TB/s on an H100); session 44 timed the code from the float's bits (x0.86-0.89)
+// and 2 or 4 blocks per thread (x0.40-0.94) against it: benchmarks/experiments/.
 template <typename T, int B, bool UE8M0>
 __global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
-  const int64_t e0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kEpt;
-  float v[kEpt][B];
-  int64_t r[kEpt];
-  int c[kEpt];
-  bool real[kEpt];
-#pragma unroll
-  for (int j = 0; j < kEpt; ++j) {
-    const int64_t e = e0 + j;
-    r[j] = e / p.pc;
-    c[j] = int(e - r[j] * p.pc);
-    real[j] = e < p.entries && r[j] < p.rows && c[j] < p.cols;
-    if (real[j]) load_floats<B>(static_cast<const T*>(p.x) + r[j] * p.ldx + int64_t(c[j]) * B, v[j]);
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= p.entries) return;
+  const int64_t r = e / p.pc;
+  const int c = int(e - r * p.pc);
+  if (r >= p.rows || c >= p.cols) {  // padding of a swizzled layout
+    p.sf[sf_offset(p, r, c)] = 0;
+    return;
   }
-#pragma unroll
-  for (int j = 0; j < kEpt; ++j) {
-    if (real[j]) {
-      quantize_block<B, UE8M0>(p, r[j], c[j], v[j]);
-    } else if (e0 + j < p.entries) {
-      p.sf[sf_offset(p, r[j], c[j])] = 0;  // padding of a swizzled layout
-    }
-  }
+  float v[B];
+  load_floats<B>(static_cast<const T*>(p.x) + r * p.ldx + int64_t(c) * B, v);
+  quantize_block<B, UE8M0>(p, r, c, v);
 }
 
 template <typename T>
 int launch(const Params& p, int block, bool ue8m0, cudaStream_t stream) {
-  const int64_t blocks = (p.entries + 256 * kEpt - 1) / (256 * kEpt);
+  const int64_t blocks = (p.entries + 255) / 256;
   if (blocks > 0x7fffffff) return (int)cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   if (block == 16 && !ue8m0) fp4_quantize_kernel<T, 16, false><<<grid, 256, 0, stream>>>(p);

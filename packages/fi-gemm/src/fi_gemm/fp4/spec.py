@@ -25,7 +25,8 @@ def dequant_spec(arch: Arch) -> KernelSpec:
 QUANT_ARGS = ("ptr",) * 4 + ("i64",) * 9 + ("stream",)
 
 
-# A/B builds of the quantiser: {"EPT": 2} -> FI_FP4_QUANT_EPT=2 (tools/ab_fp4.py); empty for users.
+# A/B builds of the quantiser: {"EPT": 2} -> FI_FP4_QUANT_EPT=2 and a name suffix (tools/ab_quant.py;
+# the switches live in experiment patches, benchmarks/experiments/session44_*); empty for users.
 QUANT_AB: dict = {}
 
 
