@@ -115,27 +115,42 @@ FI_DEVICE void quantize_block(const Params& p, int64_t r, int c, const float* v)
   p.sf[sf_offset(p, r, c)] = uint8_t(byte);
 }
 
-// The compare chain above is ~20 instructions per element and the kernel is bound by instruction
-// issue (1.6-2.1 TB/s on an H100); session 44 timed the code from the float's bits (x0.86-0.89)
-// and 2 or 4 blocks per thread (x0.40-0.94) against it: benchmarks/experiments/.
+// Scale entries per thread: a thread issues the loads of all its blocks (adjacent blocks of a row)
+// before it works on the first. 1: the kernel wants the warps, not deeper loads per thread (2 and
+// 4 ran x0.74-0.94 and x0.40-0.59 on an H100). At 1.6-2.1 TB/s (H100) the likely limiter is
+// instruction issue (an estimate from the SASS, ~20 instructions per element in the compare chain
+// of e2m1_code; no profiler here); the code from the float's bits, fewer instructions but a
+// branch per element, was slower (x0.86-0.89). Both: benchmarks/experiments/session44_*.
+constexpr int kEpt = 1;
+
 template <typename T, int B, bool UE8M0>
 __global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= p.entries) return;
-  const int64_t r = e / p.pc;
-  const int c = int(e - r * p.pc);
-  if (r >= p.rows || c >= p.cols) {  // padding of a swizzled layout
-    p.sf[sf_offset(p, r, c)] = 0;
-    return;
+  const int64_t e0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kEpt;
+  float v[kEpt][B];
+  int64_t r[kEpt];
+  int c[kEpt];
+  bool real[kEpt];
+#pragma unroll
+  for (int j = 0; j < kEpt; ++j) {
+    const int64_t e = e0 + j;
+    r[j] = e / p.pc;
+    c[j] = int(e - r[j] * p.pc);
+    real[j] = e < p.entries && r[j] < p.rows && c[j] < p.cols;
+    if (real[j]) load_floats<B>(static_cast<const T*>(p.x) + r[j] * p.ldx + int64_t(c[j]) * B, v[j]);
   }
-  float v[B];
-  load_floats<B>(static_cast<const T*>(p.x) + r * p.ldx + int64_t(c) * B, v);
-  quantize_block<B, UE8M0>(p, r, c, v);
+#pragma unroll
+  for (int j = 0; j < kEpt; ++j) {
+    if (real[j]) {
+      quantize_block<B, UE8M0>(p, r[j], c[j], v[j]);
+    } else if (e0 + j < p.entries) {
+      p.sf[sf_offset(p, r[j], c[j])] = 0;  // padding of a swizzled layout
+    }
+  }
 }
 
 template <typename T>
 int launch(const Params& p, int block, bool ue8m0, cudaStream_t stream) {
-  const int64_t blocks = (p.entries + 255) / 256;
+  const int64_t blocks = (p.entries + 256 * kEpt - 1) / (256 * kEpt);
   if (blocks > 0x7fffffff) return (int)cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   if (block == 16 && !ue8m0) fp4_quantize_kernel<T, 16, false><<<grid, 256, 0, stream>>>(p);
