@@ -136,6 +136,12 @@ def test_torch_compile_fullgraph_cpu():
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(a, b, sa, sb, alpha), f(a, b, sa, sb, alpha), atol=0, rtol=0)
 
+    def g(x, gx):  # the quantiser too (its custom op on CPU runs the recipe)
+        return fp4_quantize(x, gx)
+
+    cq, csf = torch.compile(g, fullgraph=True, backend="aot_eager")(x, gx)
+    assert torch.equal(cq, a) and torch.equal(csf, sa)
+
 
 def _operands():
     a, sa = fp4_quantize(torch.randn(4, 64))

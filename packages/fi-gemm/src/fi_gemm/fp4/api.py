@@ -201,7 +201,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     --------
     fp4_quantize, nvfp4_quantize, mxfp4_quantize : make the operands.
     """
-    if out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor and type(backend) is str:
+    if (out is None and _FAST and type(a) is _Tensor and type(b) is _Tensor and type(a_descale) is _Tensor
+            and type(b_descale) is _Tensor and (alpha is None or type(alpha) is _Tensor) and type(backend) is str):
         hit = _FAST.get(_fp4_key(a, b, a_descale, b_descale, alpha, out_dtype, block_size, use_8x4_sf_layout,
                                  backend, use_nvfp4))
         if hit is not None and not _compiling():

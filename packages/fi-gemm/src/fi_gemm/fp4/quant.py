@@ -144,7 +144,7 @@ def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = Non
     >>> q.shape, sf.shape, hex(q[0, 0].item())
     (torch.Size([1, 8]), torch.Size([128, 4]), '0xd7')
     """
-    if _FAST and type(input) is _Tensor:
+    if _FAST and type(input) is _Tensor and (global_scale is None or type(global_scale) is _Tensor):
         hit = _FAST.get(_quant_key(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
                                    is_sf_8x4_layout))
         if hit is not None and not _compiling():
