@@ -67,9 +67,9 @@ _CHOICE: dict = {}
 # Repeat calls of the decode shapes (M <= 16), as in dense/api.py: a checked call that launched the
 # weight-streaming kernel on operands it took as they were (no copies) and an output it allocated
 # records its signature (every input property the checks and the dispatch read, except the data
-# pointers); a later call with that signature tests the pointers' alignment and launches. Measured
-# on an H100 (session 44): the checked path costs ~32 us of host time per call, more than the
-# kernel's 7-9 us.
+# pointers); a later call with that signature tests the pointers' alignment and launches. Host time
+# per eager call at M = 1 on an H100 machine (session 44): 16.0 us on this path, 36.8 on the
+# checked one, 6.3 us of GPU time.
 _FAST = CallMemo()
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling

@@ -55,8 +55,8 @@ _MODS: dict = {}
 _CHOICE: dict = {}
 # Repeat calls (as mm_fp4 and the dense ops do): a checked call that ran the kernel on the input as
 # given records its signature; a later call with it tests the data pointer's alignment and
-# launches. The checked path costs tens of microseconds of host time, ~10x the kernel at decode
-# sizes.
+# launches. Host time per eager call of one token on an H100 machine (session 44): 15.0 us on this
+# path, 25.1 on the checked one, 2.3 us of GPU time.
 _FAST = CallMemo()
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
