@@ -27,14 +27,13 @@ from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_core.launch import CallMemo, current_device, raw_stream
 
 from ..dense.api import _check_scale, _gemm_dispatch, _rep_specs
-from .reference import mm_fp4_reference, sf_shape
+from .reference import LAYOUT_CODE, mm_fp4_reference, sf_shape
 from .spec import dequant_spec, gemv_fp4_spec
 
 _OUT = (torch.bfloat16, torch.float16)
 _FP4 = tuple(t for t in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if t is not None)
 _E4M3_SF = (torch.uint8, torch.float8_e4m3fn)
 _UE8M0_SF = tuple(t for t in (torch.uint8, getattr(torch, "float8_e8m0fnu", None)) if t is not None)
-_LAYOUT_CODE = {"128x4": 0, "8x4": 1, "linear": 2}
 # FlashInfer's backend names all mean "the best path we have".
 _ALIASES = ("auto", "cudnn", "trtllm", "cutlass", "cute-dsl")
 
@@ -141,7 +140,7 @@ def _dequant(mod, q: torch.Tensor, sf: torch.Tensor, k: int, block: int, layout:
     out = torch.empty((rows, k), dtype=torch.bfloat16, device=q.device)
     ldq = q.stride(0) if rows > 1 else q.shape[1]
     mod.fi_fp4_dequant(out.data_ptr(), q.data_ptr(), sf.data_ptr(), rows, k, ldq, k, block,
-                       _LAYOUT_CODE[layout], int(ue8m0), stream)
+                       LAYOUT_CODE[layout], int(ue8m0), stream)
     return out
 
 

@@ -16,8 +16,6 @@
 
 namespace {
 
-enum Layout : int { kSwizzled128x4 = 0, kSwizzled8x4 = 1, kLinear = 2 };
-
 struct Params {
   const uint8_t* q;      // [rows, k / 2] packed codes, row stride ldq bytes
   const uint8_t* sf;     // scale bytes in `layout`
@@ -30,13 +28,6 @@ struct Params {
   int cols;              // k / block: logical scale columns
   int k_tiles;           // ceil(cols / 4): 4-column tiles of the swizzled layouts
 };
-
-// Byte offset of scale (r, c) in its layout.
-FI_DEVICE int64_t sf_offset(const Params& p, int64_t r, int c) {
-  if (p.layout == kSwizzled128x4) return fi_fp4::sf_offset_128x4(r, c, p.k_tiles);
-  if (p.layout == kSwizzled8x4) return fi_fp4::sf_offset_8x4(r, c, p.k_tiles);
-  return r * p.cols + c;
-}
 
 FI_DEVICE float decode_scale(uint32_t b, bool ue8m0) {
   if (ue8m0) {  // 2^(b - 127); 0 is the subnormal 2^-127, 255 is NaN
@@ -60,7 +51,7 @@ __global__ void __launch_bounds__(256) fp4_dequant_kernel(const Params p) {
   if (g >= p.groups) return;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const uint2 v = *reinterpret_cast<const uint2*>(p.q + r * p.ldq + g * 8);
-    const float s = decode_scale(p.sf[sf_offset(p, r, int((g << 4) >> p.block_shift))], p.ue8m0 != 0);
+    const float s = decode_scale(p.sf[fi_fp4::sf_offset(p.layout, r, int((g << 4) >> p.block_shift), p.k_tiles, p.cols)], p.ue8m0 != 0);
     uint32_t words[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

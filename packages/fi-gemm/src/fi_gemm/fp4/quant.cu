@@ -8,17 +8,17 @@
 // A thread owns one scale entry of the padded scale buffer: for a real block it reads the block
 // (16-byte loads), writes its B / 2 code bytes and its scale byte; for a padding entry of a
 // swizzled layout it writes the 0 the layout expects there. Consecutive threads take consecutive
-// blocks of a row, so a warp's loads and code stores cover contiguous memory. Bandwidth-bound.
+// blocks of a row, so a warp's loads and code stores cover contiguous memory. See kEpt below for
+// what limits it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "fi/common.cuh"
+#include "fi/vec.cuh"
 #include "fp4.cuh"
 
 namespace {
-
-enum Layout : int { kSwizzled128x4 = 0, kSwizzled8x4 = 1, kLinear = 2 };
 
 struct Params {
   const void* x;         // [rows, k] input, row stride ldx elements, 16-byte aligned rows
@@ -33,23 +33,7 @@ struct Params {
 };
 
 FI_DEVICE int64_t sf_offset(const Params& p, int64_t r, int c) {
-  if (p.layout == kSwizzled128x4) return fi_fp4::sf_offset_128x4(r, c, p.pc >> 2);
-  if (p.layout == kSwizzled8x4) return fi_fp4::sf_offset_8x4(r, c, p.pc >> 2);
-  return r * p.cols + c;
-}
-
-// 8 elements from 16 bytes (bf16 / fp16) or 4 from 16 bytes (fp32), as floats.
-template <int N, typename T>
-FI_DEVICE void load_floats(const T* src, float* v) {
-  const uint4* s = reinterpret_cast<const uint4*>(src);
-  constexpr int kPer = 16 / sizeof(T);
-#pragma unroll
-  for (int i = 0; i < N / kPer; ++i) {
-    const uint4 w = s[i];
-    const T* e = reinterpret_cast<const T*>(&w);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) v[i * kPer + j] = static_cast<float>(e[j]);
-  }
+  return fi_fp4::sf_offset(p.layout, r, c, p.pc >> 2, p.cols);
 }
 
 // e2m1 code of y (already on the code grid): the count of thresholds passed, ties to the even
@@ -125,6 +109,7 @@ constexpr int kEpt = 1;
 
 template <typename T, int B, bool UE8M0>
 __global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
+  constexpr int kVec = 16 / sizeof(T);
   const int64_t e0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kEpt;
   float v[kEpt][B];
   int64_t r[kEpt];
@@ -136,7 +121,18 @@ __global__ void __launch_bounds__(256) fp4_quantize_kernel(const Params p) {
     r[j] = e / p.pc;
     c[j] = int(e - r[j] * p.pc);
     real[j] = e < p.entries && r[j] < p.rows && c[j] < p.cols;
-    if (real[j]) load_floats<B>(static_cast<const T*>(p.x) + r[j] * p.ldx + int64_t(c[j]) * B, v[j]);
+    if (real[j]) {
+      const T* src = static_cast<const T*>(p.x) + r[j] * p.ldx + int64_t(c[j]) * B;
+#pragma unroll
+      for (int i = 0; i < B / kVec; ++i) {  // 16-byte loads
+        fi::vec_t<T, kVec> w;
+        float f[kVec];
+        w.load(src + i * kVec);
+        w.to_float(f);
+#pragma unroll
+        for (int t = 0; t < kVec; ++t) v[j][i * kVec + t] = f[t];
+      }
+    }
   }
 #pragma unroll
   for (int j = 0; j < kEpt; ++j) {
@@ -171,7 +167,7 @@ FI_EXPORT int fi_fp4_quantize(void* q, void* sf, const void* x, const void* gs, 
                               int64_t ue8m0, int64_t dtype, cudaStream_t stream) {
   const int64_t esize = dtype == 2 ? 4 : 2;
   if (rows < 0 || k < 0 || (block != 16 && block != 32) || k % block != 0 || layout < 0 || layout > 2 ||
-      dtype < 0 || dtype > 2 || pr < rows || pc < k / block || (layout != kLinear && pc % 4 != 0) ||
+      dtype < 0 || dtype > 2 || pr < rows || pc < k / block || (layout != fi_fp4::kSfLinear && pc % 4 != 0) ||
       (ldx * esize) % 16 != 0 || (reinterpret_cast<uintptr_t>(x) & 15) != 0 ||
       (reinterpret_cast<uintptr_t>(q) & 15) != 0 || pc > (int64_t(1) << 30))
     return (int)cudaErrorInvalidValue;

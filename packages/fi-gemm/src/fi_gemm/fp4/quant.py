@@ -30,7 +30,7 @@ from fi_core import Backend, OpInfo, arch_of, checks, current_stream, load, on_d
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 from fi_core.launch import CallMemo, current_device, raw_stream
 
-from .reference import sf_offsets, sf_shape
+from .reference import LAYOUT_CODE, sf_offsets, sf_shape
 from .spec import quant_spec
 
 __all__ = ["SfLayout", "fp4_quantize", "mxfp4_quantize", "nvfp4_quantize"]
@@ -49,7 +49,6 @@ FP4_QUANTIZE = register_op(OpInfo(
               Backend("reference", devices=("cpu", "cuda"), notes="torch ops, the same fp32 steps")),
     specs=lambda arch: [quant_spec(arch)]))
 
-_LAYOUT_CODE = {"128x4": 0, "8x4": 1, "linear": 2}
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _MODS: dict = {}
 _CHOICE: dict = {}
@@ -233,7 +232,7 @@ def _quantize_dispatch(q: torch.Tensor, sf: torch.Tensor, x: torch.Tensor, gs: O
     if mod is None:
         mod = _MODS[device.index] = load(quant_spec(arch_of(device)))
     ldx = x.stride(0) if x.shape[0] > 1 else x.shape[1]
-    args = (x.shape[0], x.shape[1], ldx, sf.shape[0], sf.shape[1], sf_vec_size, _LAYOUT_CODE[layout], int(ue8m0),
+    args = (x.shape[0], x.shape[1], ldx, sf.shape[0], sf.shape[1], sf_vec_size, LAYOUT_CODE[layout], int(ue8m0),
             _DTYPE_CODE[x.dtype])
     with on_device(device):
         mod.fi_fp4_quantize(q.data_ptr(), sf.data_ptr(), x.data_ptr(), gs.data_ptr() if gs is not None else None,

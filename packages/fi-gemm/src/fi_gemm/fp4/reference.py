@@ -25,6 +25,8 @@ from typing import Optional
 import torch
 
 LAYOUTS = ("128x4", "8x4", "linear")
+# The kernels' layout codes (fp4.cuh: SfLayout).
+LAYOUT_CODE = {name: i for i, name in enumerate(LAYOUTS)}
 # |e2m1| by the low three bits of a code.
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
