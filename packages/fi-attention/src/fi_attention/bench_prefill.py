@@ -4,7 +4,8 @@ to torch SDPA (cuDNN / flash backends) in the same run, reported as TFLOP/s.
 Options (``--option key=value``): ``backend`` = auto | fa2 | fa3 (default auto); ``L`` (single
 prefill lengths, comma separated); ``causal`` = 0 | 1; ``tile`` = ``WARPS,MTILES,KVTILE`` overrides
 the fa2 tile config for head_dim 128 (e.g. ``tile=8,1,64``) to compare configurations in one run;
-``variant=N`` builds the fa3 kernel with FI_FA3_VARIANT=N (see ``prefill/hopper/spec.py``).
+``variant=N`` builds the fa3 kernel with FI_FA3_VARIANT=N (see ``prefill/hopper/spec.py``); ``kv``
+= bf16 | e4m3 (paged routine: the cache's dtype; SDPA runs on the widened bf16 K/V).
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ def paged_routine(args: RoutineArgs):
     causal = args.options.get("causal", "1") == "1"
     batch, L = (4, 2048) if args.quick else (16, 2048)
     ps = int(args.options.get("page", "16"))  # page=128: one TMA box per KV tile on fa3
+    kv = args.options.get("kv", "bf16")
+    kv_dtype = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}.get(kv)
+    if kv_dtype is None:
+        raise ValueError(f"option kv: expected bf16 or e4m3, got {kv!r}")
     tile = _apply_tile_option(args)
     pages_per = L // ps
     qo_indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
@@ -165,14 +170,17 @@ def paged_routine(args: RoutineArgs):
         torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), backend=backend, use_cuda_graph=True,
         qo_indptr_buf=_i32_buffer(batch + 1), paged_kv_indptr_buf=_i32_buffer(batch + 1),
         paged_kv_indices_buf=_i32_buffer(batch * pages_per), paged_kv_last_page_len_buf=_i32_buffer(batch))
-    w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, ps, causal=causal, q_data_type=torch.bfloat16)
+    w.plan(qo_indptr, kv_indptr, indices, last, HQ, HKV, D, ps, causal=causal, q_data_type=torch.bfloat16,
+           kv_data_type=kv_dtype)
     idx = indices.cuda().long()
 
     def make(i):
         q, k, v = _batch_inputs(batch, L, i)
-        cache = torch.empty((batch * pages_per, 2, ps, HKV, D), dtype=torch.bfloat16, device="cuda")
-        cache[idx, 0] = k.view(batch * pages_per, ps, HKV, D)
-        cache[idx, 1] = v.view(batch * pages_per, ps, HKV, D)
+        if kv_dtype != torch.bfloat16:  # the reference reads the values the cache holds
+            k, v = k.to(kv_dtype).to(torch.bfloat16), v.to(kv_dtype).to(torch.bfloat16)
+        cache = torch.empty((batch * pages_per, 2, ps, HKV, D), dtype=kv_dtype, device="cuda")
+        cache[idx, 0] = k.view(batch * pages_per, ps, HKV, D).to(kv_dtype)
+        cache[idx, 1] = v.view(batch * pages_per, ps, HKV, D).to(kv_dtype)
         return q, cache, k, v
 
     sets = rotating_inputs(make, "cuda", max_sets=4)
@@ -182,10 +190,11 @@ def paged_routine(args: RoutineArgs):
     base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
     mask = "causal" if causal else "full"
-    config = f"{batch}x{L} page {ps} {mask} 32/8 d128 [{backend} {tile}]"
+    kv_label = "" if kv == "bf16" else f" kv {kv}"
+    config = f"{batch}x{L} page {ps}{kv_label} {mask} 32/8 d128 [{backend} {tile}]"
     yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", config, ours, flops=flops,
                    baseline=("torch SDPA (contiguous KV)", base), backend=backend,
-                   target_us=_target_us("paged", L, flops, backend))
+                   target_us=_target_us("paged", L, flops, backend) if kv == "bf16" else None)
 
 
 @routine("custom_mask_prefill", family="fi-attention",
