@@ -5,14 +5,14 @@ Options (``--option key=value``): ``backend`` = auto | fa2 | fa3 (default auto);
 prefill lengths, comma separated); ``causal`` = 0 | 1; ``tile`` = ``WARPS,MTILES,KVTILE`` overrides
 the fa2 tile config for head_dim 128 (e.g. ``tile=8,1,64``) to compare configurations in one run;
 ``variant=N`` builds the fa3 kernel with FI_FA3_VARIANT=N (see ``prefill/hopper/spec.py``); ``kv``
-= bf16 | e4m3 (paged routine: the cache's dtype; SDPA runs on the widened bf16 K/V).
+= bf16 | e4m3 | e5m2 (paged routine: the cache's dtype; SDPA runs on the widened bf16 K/V).
 """
 
 from __future__ import annotations
 
 import torch
 
-from fi_core import testing
+from fi_core import dtypes, testing
 from fi_core.bench import BenchRow, RoutineArgs, rotating_inputs, routine, time_fn
 
 HQ, HKV, D = 32, 8, 128
@@ -156,9 +156,9 @@ def paged_routine(args: RoutineArgs):
     batch, L = (4, 2048) if args.quick else (16, 2048)
     ps = int(args.options.get("page", "16"))  # page=128: one TMA box per KV tile on fa3
     kv = args.options.get("kv", "bf16")
-    kv_dtype = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}.get(kv)
-    if kv_dtype is None:
-        raise ValueError(f"option kv: expected bf16 or e4m3, got {kv!r}")
+    kv_dtype = dtypes.parse(kv)
+    if kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"option kv: expected bf16, e4m3 or e5m2 (q is bf16), got {kv!r}")
     tile = _apply_tile_option(args)
     pages_per = L // ps
     qo_indptr = torch.arange(0, (batch + 1) * L, L, dtype=torch.int32)
@@ -176,11 +176,11 @@ def paged_routine(args: RoutineArgs):
 
     def make(i):
         q, k, v = _batch_inputs(batch, L, i)
-        if kv_dtype != torch.bfloat16:  # the reference reads the values the cache holds
-            k, v = k.to(kv_dtype).to(torch.bfloat16), v.to(kv_dtype).to(torch.bfloat16)
+        kc, vc = k.to(kv_dtype), v.to(kv_dtype)  # no copy for bf16
+        k, v = kc.to(torch.bfloat16), vc.to(torch.bfloat16)  # SDPA reads the values the cache holds
         cache = torch.empty((batch * pages_per, 2, ps, HKV, D), dtype=kv_dtype, device="cuda")
-        cache[idx, 0] = k.view(batch * pages_per, ps, HKV, D).to(kv_dtype)
-        cache[idx, 1] = v.view(batch * pages_per, ps, HKV, D).to(kv_dtype)
+        cache[idx, 0] = kc.view(batch * pages_per, ps, HKV, D)
+        cache[idx, 1] = vc.view(batch * pages_per, ps, HKV, D)
         return q, cache, k, v
 
     sets = rotating_inputs(make, "cuda", max_sets=4)
@@ -190,11 +190,11 @@ def paged_routine(args: RoutineArgs):
     base = time_fn(lambda q, c, k, v: _sdpa_batch(q, k, v, batch, L, causal), sets, reps=10, min_calls_per_replay=4)
     flops = _flops(L, L, causal, batch)
     mask = "causal" if causal else "full"
-    kv_label = "" if kv == "bf16" else f" kv {kv}"
+    kv_label = "" if kv_dtype == torch.bfloat16 else f" kv {dtypes.tag(kv_dtype)}"
     config = f"{batch}x{L} page {ps}{kv_label} {mask} 32/8 d128 [{backend} {tile}]"
     yield BenchRow("BatchPrefillWithPagedKVCacheWrapper", config, ours, flops=flops,
                    baseline=("torch SDPA (contiguous KV)", base), backend=backend,
-                   target_us=_target_us("paged", L, flops, backend) if kv == "bf16" else None)
+                   target_us=_target_us("paged", L, flops, backend) if kv_dtype == torch.bfloat16 else None)
 
 
 @routine("custom_mask_prefill", family="fi-attention",
