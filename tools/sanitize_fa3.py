@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """One fa3 prefill call (ragged or paged K/V; 2 requests of 100 / 300 tokens, GQA 4/2, head_dim
-64, 128 or 256, causal, bf16) with inputs made on the CPU and a CPU reference, for compute-sanitizer
-on the GPU machine.
+64, 128 or 256, causal, bf16 q, bf16 or fp8 e4m3 / e5m2 K/V) with inputs made on the CPU and a CPU
+reference, for compute-sanitizer on the GPU machine.
 
 The GPU tests compare against torch on the GPU, whose cuBLAS kernels drown racecheck's report
 (thousands of hazards in nvjet), and restricting racecheck to our kernel with --kernel-name made the
 sanitizer fail ("Internal Sanitizer Error"). Here no other kernel uses shared memory:
 
-    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged [D]
+    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged [D [KV]]
     FI_FA3_CTAS=3 compute-sanitizer ...   # 3 persistent CTAs: every CTA walks several tiles
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_fa3.py paged
 
@@ -25,6 +25,10 @@ HQ, HKV = 4, 2
 D = int(sys.argv[2]) if len(sys.argv) > 2 else 128
 if D not in (64, 128, 256):
     raise SystemExit(f"head_dim: expected 64, 128 or 256, found {D}")
+KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+kv_name = sys.argv[3] if len(sys.argv) > 3 else "bf16"
+if kv_name not in KV_DTYPES:
+    raise SystemExit(f"k/v dtype: expected one of {sorted(KV_DTYPES)}, found {kv_name!r}")
 lens = [100, 300]
 bf16 = torch.bfloat16
 
@@ -43,8 +47,8 @@ if mode not in ("ragged", "paged"):
     raise SystemExit(f"expected 'ragged' or 'paged', found {mode!r}")
 tot = sum(lens)
 q = torch.randn(tot, HQ, D).to(bf16)
-k = torch.randn(tot, HKV, D).to(bf16)
-v = torch.randn(tot, HKV, D).to(bf16)
+k = torch.randn(tot, HKV, D).to(KV_DTYPES[kv_name])  # the reference reads the same (fp8) values
+v = torch.randn(tot, HKV, D).to(KV_DTYPES[kv_name])
 indptr = torch.tensor([0, lens[0], tot], dtype=torch.int32)
 out = torch.empty(tot, HQ, D, dtype=bf16, device=dev)
 if mode == "ragged":
@@ -54,7 +58,7 @@ else:
     page = 16
     pages_per = [-(-n // page) for n in lens]
     npages = sum(pages_per)
-    cache = torch.zeros(npages, 2, page, HKV, D, dtype=bf16)
+    cache = torch.zeros(npages, 2, page, HKV, D, dtype=k.dtype)
     perm = torch.randperm(npages)
     kv_indptr = torch.tensor([0, pages_per[0], npages], dtype=torch.int32)
     off = 0
@@ -79,5 +83,5 @@ for n in lens:
     r = ref(q[o:o + n], k[o:o + n], v[o:o + n], True)
     err = max(err, (got[o:o + n] - r).abs().max().item())
     o += n
-print(f"{mode} d={D}: max abs err vs CPU reference {err:.3e}")
+print(f"{mode} d={D} kv {kv_name}: max abs err vs CPU reference {err:.3e}")
 sys.exit(0 if err < 3e-2 else 1)

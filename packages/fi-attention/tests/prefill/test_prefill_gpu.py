@@ -67,6 +67,10 @@ def _test_specs(arch):
         specs += [prefill_sm90_spec(bf, d, False, arch, paged=paged, custom_mask=True)
                   for d in (64, 128, 256) for paged in (False, True)]
         specs += [prefill_sm90_spec(bf, d, False, arch, custom_mask=True, softcap=True) for d in (64, 128, 256)]
+        # fp8 K/V on fa3 (and auto): single prefill with scales, the paged wrapper
+        specs += [prefill_sm90_spec(bf, 128, True, arch, kv_dtype=torch.float8_e4m3fn),
+                  prefill_sm90_spec(f16, 128, True, arch, kv_dtype=torch.float8_e5m2),
+                  prefill_sm90_spec(bf, 128, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)]
     return specs
 
 
@@ -205,13 +209,15 @@ def test_single_prefill_rope_llama(dqk, dvo):
     testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-3)  # angle error of fp32 sincos at pos ~1e3
 
 
+@pytest.mark.parametrize("backend", ["fa2", "fa3", "auto"])
 @pytest.mark.parametrize("dtype,kv_dtype", [(torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2)])
-def test_single_prefill_fp8_kv_with_scales(dtype, kv_dtype):
+def test_single_prefill_fp8_kv_with_scales(dtype, kv_dtype, backend):
+    _fa3_or_skip(backend)
     lq, lkv = 257, 1000
     q, k, v = _qkv(lq, lkv, 8, 2, 128, 128, dtype, seed=31)
     k8, v8 = k.to(kv_dtype), v.to(kv_dtype)
     out, lse = single_prefill_with_kv_cache(q, k8, v8, causal=True, scale_k=0.5, scale_v=2.0,
-                                            backend="fa2", return_lse=True)
+                                            backend=backend, return_lse=True)
     ref, ref_lse = attention_reference(q, k8, v8, causal=True, k_scale=0.5, v_scale=2.0, return_lse=True)
     _close(out, ref, dtype)
     testing.assert_close(lse, ref_lse, **LSE_TOL)
@@ -394,14 +400,16 @@ def test_paged_position_encodings(mode):
     testing.assert_close(lse, ref_lse, atol=2e-2, rtol=2e-3)
 
 
-def test_paged_fp8_kv():
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_paged_fp8_kv(backend):
+    _fa3_or_skip(backend)
     qo, kv = [5, 127, 300], [40, 1000, 300]
     q, k, v = _qkv(sum(qo), sum(kv), 8, 2, 128, 128, torch.bfloat16, seed=6)
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
     # Build the cache in fp32 (exact for fp8 values), then store it as fp8.
     (kc, vc), indptr, indices, last = _paged(kv, k8.float(), v8.float(), 16, "NHD", seed=2)
     cache = (kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn))
-    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend="fa2")
+    w = BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), backend=backend)
     w.plan(_indptr(qo), indptr, indices, last, 8, 2, 128, 16, causal=True, q_data_type=torch.bfloat16,
            kv_data_type=torch.float8_e4m3fn)
     out = w.run(q, cache, k_scale=0.25, v_scale=3.0)

@@ -22,6 +22,7 @@ from fi_attention.prefill.hopper import run_ragged, supports
 from fi_attention.reference import attention_reference
 
 BF16, FP16 = torch.bfloat16, torch.float16
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 # ---------------------------------------------------------------------------- CPU: support matrix
@@ -36,6 +37,22 @@ def _facts(**kw):
 def test_supports_main_case():
     assert supports(**_facts()) is None
     assert supports(**_facts(dtype=FP16, kv_dtype=FP16, causal=False, head_dim_qk=64, head_dim_vo=64)) is None
+
+
+def test_supports_fp8_kv():
+    """fp8 e4m3 / e5m2 K/V at head_dim 64 and 128, paged or ragged; their modules never multicast."""
+    from fi_attention.prefill.hopper.spec import prefill_sm90_spec
+    for kv in (E4M3, E5M2):
+        for d in (64, 128):
+            assert supports(**_facts(kv_dtype=kv, head_dim_qk=d, head_dim_vo=d)) is None
+            assert supports(**_facts(kv_dtype=kv, head_dim_qk=d, head_dim_vo=d, paged=True, page_size=16)) is None
+    spec = prefill_sm90_spec(BF16, 128, True, "9.0a", paged=True, kv_dtype=E5M2)
+    assert spec.name.endswith("_kve5m2") and dict(spec.defines)["FI_KV_FP8"] == "2"
+    assert "FI_KV_FP8" not in dict(prefill_sm90_spec(BF16, 128, True, "9.0a", kv_dtype=BF16).defines)
+    with pytest.raises(ValueError, match="fp8"):
+        prefill_sm90_spec(BF16, 128, True, "9.0a", kv_dtype=E4M3, multicast=True)
+    with pytest.raises(ValueError, match="fp8"):
+        prefill_sm90_spec(BF16, 256, True, "9.0a", kv_dtype=E4M3)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -72,7 +89,9 @@ def test_multicast_threshold_between_bench_shapes():
     (dict(head_dim_qk=192, head_dim_vo=128), "head_dim"),
     (dict(head_dim_qk=96, head_dim_vo=96), "head_dim"),
     (dict(dtype=torch.float32, kv_dtype=torch.float32), "dtype"),
-    (dict(kv_dtype=torch.float8_e4m3fn), "k/v dtype"),
+    (dict(kv_dtype=FP16), "k/v dtype"),
+    (dict(kv_dtype=torch.float32), "k/v dtype"),
+    (dict(kv_dtype=E4M3, head_dim_qk=256, head_dim_vo=256), "fp8 k/v at head_dim"),
     (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
     (dict(paged=True, page_size=4), "page_size"),
 ])
@@ -193,6 +212,18 @@ def test_custom_mask_modules_and_checks():
                    packed_mask=packed)
 
 
+def test_rejects_fp8_kv_at_head_dim_256_and_misaligned_fp8_strides():
+    q, k, v, out = _cpu_inputs(d=256)
+    with pytest.raises(UnsupportedError, match="fp8 k/v at head_dim"):
+        _call(q, k.to(E4M3), v.to(E4M3), out)
+    q, k, v, out = _cpu_inputs()
+    with pytest.raises(InputTypeError, match="v must be"):
+        _call(q, k.to(E4M3), v.to(E5M2), out)
+    wide = torch.randn(8, 2, 136).to(E4M3)[:, :, :128]  # head stride 136: 8-aligned, not 16
+    with pytest.raises(InputError, match="multiples of 16 elements"):
+        _call(q, wide, wide, out)
+
+
 def test_rejects_small_page_size():
     q, k, v, out = _cpu_inputs()
     kc = torch.randn(4, 4, 2, 128).to(BF16)
@@ -227,7 +258,7 @@ def _torch_same_precision(q, k, v, causal, sm_scale, window_left=-1, softcap=0.0
 
 
 def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse=True, seed=0,
-           strided=False, window_left=-1, page_size=0, layout="NHD", softcap=0.0):
+           strided=False, window_left=-1, page_size=0, layout="NHD", softcap=0.0, kv_dtype=None):
     dev = "cuda"
     nq, nkv = sum(qo_lens), sum(kv_lens)
     if strided == "hnd":  # head-major views ([H, L, D] storage seen as [L, H, D])
@@ -242,6 +273,8 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
         q = testing.randn((nq, hq, d), dtype, dev, seed=seed)
         k = testing.randn((nkv, hkv, d), dtype, dev, seed=seed + 1)
         v = testing.randn((nkv, hkv, d), dtype, dev, seed=seed + 2)
+    if kv_dtype is not None and kv_dtype != dtype:  # fp8 K/V: the references read the fp8 values
+        k, v = k.to(kv_dtype), v.to(kv_dtype)
     out = testing.empty_poisoned((nq, hq, d), dtype, dev)
     lse = testing.empty_poisoned((nq, hq), torch.float32, dev) if with_lse else None
     scale = d ** -0.5
@@ -269,11 +302,13 @@ def _check(qo_lens, kv_lens, *, causal, dtype=BF16, hq=8, hkv=2, d=128, with_lse
                                        logits_soft_cap=softcap or None, return_lse=True)
         exact.append(o32.cpu())
         ref_lse.append(l32.cpu())
-        lowp.append(_torch_same_precision(q[qs], k[ks], v[ks], causal, scale, window_left, softcap).cpu())
+        lowp.append(_torch_same_precision(q[qs], k[ks].to(dtype), v[ks].to(dtype), causal, scale, window_left,
+                                          softcap).cpu())
     exact, lowp, ref_lse = torch.cat(exact), torch.cat(lowp), torch.cat(ref_lse)
     rounded = exact.to(dtype)
     atol = 2 * (rounded + 0.3 - 0.3 - rounded).abs().max().item()  # dtype rounding near |out|
-    tag = f"qo={qo_lens} kv={kv_lens} causal={causal} window={window_left} cap={softcap} {dtype} d={d} hq/hkv={hq}/{hkv}: "
+    tag = (f"qo={qo_lens} kv={kv_lens} causal={causal} window={window_left} cap={softcap} {dtype} kv {k.dtype} "
+           f"d={d} hq/hkv={hq}/{hkv}: ")
     testing.assert_close_to_reference_run(out, lowp, exact, factor=2.0, atol=atol, msg=tag)
     if with_lse:
         testing.assert_close(lse, ref_lse, dtype=torch.float32, atol=2e-3, rtol=1e-3, msg=tag + "lse: ")
@@ -291,12 +326,12 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
     total = sum(pages_per) + 3
     perm = torch.randperm(total, generator=testing.generator(seed))[:sum(pages_per)]
     shape = (total, 2, hkv, page_size, d) if layout == "HND" else (total, 2, page_size, hkv, d)
-    cache = testing.randn(shape, q.dtype, dev, seed=seed + 99)  # spare/tail slots hold junk, not 0
+    cache = testing.randn(shape, q.dtype, dev, seed=seed + 99).to(k.dtype)  # spare/tail slots: junk, not 0
     if layout == "NHD_pad":
         # pages 64 elements apart beyond their size: a page stride that is no multiple of the head
         # stride (nor of the token stride)
         ps = 2 * page_size * hkv * d + 64
-        flat = torch.empty(total * ps, dtype=q.dtype, device=dev)
+        flat = torch.empty(total * ps, dtype=k.dtype, device=dev)
         padded = flat.as_strided(shape, (ps, page_size * hkv * d, hkv * d, d, 1))
         padded.copy_(cache)
         cache = padded
@@ -352,6 +387,13 @@ def _prebuild_variants():
     specs += [prefill_sm90_spec(dt, 128, c, a, multicast=True) for dt in (BF16, FP16) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, paged=True, multicast=True) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, softcap=True, multicast=True) for c in (True, False)]
+    # fp8 K/V (test_fp8_kv_*)
+    specs += [prefill_sm90_spec(BF16, 128, c, a, paged=p, kv_dtype=kv) for c in (True, False) for p in (False, True)
+              for kv in (E4M3, E5M2)]
+    specs += [prefill_sm90_spec(dt, 64, c, a, paged=p, kv_dtype=E4M3) for dt in (BF16, FP16) for c in (True, False)
+              for p in (False, True)]
+    specs += [prefill_sm90_spec(FP16, 128, c, a, kv_dtype=E5M2) for c in (True, False)]
+    specs += [prefill_sm90_spec(BF16, 128, c, a, softcap=True, kv_dtype=E4M3) for c in (True, False)]
     build_many(specs)
 
 
@@ -453,6 +495,75 @@ def test_paged_other_head_dims(d, page_size, layout):
     _check([7, 300, 1000], [100, 777, 1000], causal=True, d=d, page_size=page_size, layout=layout, seed=41)
 
 
+# ---------------------------------------------------------------------------- GPU: fp8 K/V
+# fp8 e4m3 / e5m2 K/V widened to the q dtype in shared memory by the producer warpgroup (FI_KV_FP8):
+# against the fp32 reference on the fp8 values, ragged and paged, both page regimes (pages inside a
+# KV tile: boxes spread over 4 producer warps; pages of a tile or more: warp 0 alone issues).
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_kv_ragged(kv_dtype, causal):
+    _needs_sm90()
+    _check([1, 7, 127, 300, 1000, 129], [1, 100, 127, 400, 1000, 700], causal=causal, kv_dtype=kv_dtype, seed=51)
+    _check([4097], [4097], causal=causal, kv_dtype=kv_dtype, seed=52)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("page_size, layout, kv_dtype", [(16, "NHD", E4M3), (8, "HND", E4M3), (128, "NHD", E5M2),
+                                                         (256, "HND", E4M3), (16, "NHD_pad", E5M2)])
+def test_fp8_kv_paged(page_size, layout, kv_dtype, causal):
+    _needs_sm90()
+    _check([1, 7, 300, 129, 1000], [1, 100, 300, 777, 1000], causal=causal, page_size=page_size, layout=layout,
+           kv_dtype=kv_dtype, seed=53)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", [
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=True, d=64),
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=False, d=64, dtype=FP16, page_size=16),
+    dict(qo_lens=[300, 1], kv_lens=[2000, 1], causal=True, d=64, dtype=FP16),
+    dict(qo_lens=[1000], kv_lens=[1000], causal=True, dtype=FP16, kv_dtype=E5M2),
+    dict(qo_lens=[2000, 50], kv_lens=[2000, 300], causal=True, window_left=127),
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=False, softcap=2.0),
+    dict(qo_lens=[777], kv_lens=[777], causal=True, hq=4, hkv=4, with_lse=False, strided=True),
+    dict(qo_lens=[129, 77], kv_lens=[1000, 77], causal=False, strided="hnd"),
+    dict(qo_lens=[300, 200], kv_lens=[200, 4000], causal=True, hq=8, hkv=1),
+])
+def test_fp8_kv_features(case):
+    _needs_sm90()
+    _check(**{"kv_dtype": E4M3, **case}, seed=55)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not testing.has_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, d, kv_dtype", [(BF16, 128, E4M3), (BF16, 128, E5M2), (FP16, 128, E5M2),
+                                                (BF16, 64, E4M3), (FP16, 64, E4M3)])
+def test_fp8_kv_widening_is_exact(dtype, d, kv_dtype):
+    """One key per request: the output is that key's V row, so it must equal torch's widening of
+    every finite fp8 byte bit for bit (both dtypes and both widening paths: d = 64 and 128)."""
+    _needs_sm90()
+    hq, hkv, n = 4, 2, 4
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = torch.isfinite(codes.view(kv_dtype).float())
+    codes = torch.where(finite, codes, torch.zeros_like(codes))  # NaN / Inf: a corrupt cache, not widened exactly
+    g = testing.generator(61)
+    rows = torch.stack([codes[torch.randperm(256, generator=g)] for _ in range(n * hkv * d // 256)])
+    v = rows.reshape(n, hkv, d).view(kv_dtype).cuda()
+    k = testing.randn((n, hkv, d), dtype, "cuda", seed=62).to(kv_dtype)
+    q = testing.randn((n, hq, d), dtype, "cuda", seed=63)
+    out = testing.empty_poisoned((n, hq, d), dtype, "cuda")
+    ind = torch.arange(n + 1, dtype=torch.int32, device="cuda")
+    run_ragged(q, k, v, ind, ind, out, None, causal=True, sm_scale=d ** -0.5, max_qo_len=1, batch_size=n)
+    torch.cuda.synchronize()
+    want = v.to(dtype).repeat_interleave(hq // hkv, dim=1)
+    bad = out != want  # by value: -0 comes out as +0 (the accumulator starts at +0)
+    assert not bad.any(), f"{bad.sum().item()} of {out.numel()} values differ, e.g. {out[bad][:4]} for {want[bad][:4]}"
+
+
 def test_paged_page_size_rule():
     assert supports(**_facts(paged=True, page_size=16)) is None
     assert supports(**_facts(paged=True, page_size=256)) is None
@@ -487,6 +598,11 @@ def test_logits_soft_cap(causal):
     dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=False, page_size=8, layout="HND"),
     dict(qo_lens=[1000], kv_lens=[1000], causal=True, d=256),
     dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=True, d=64),
+    # fp8 K/V: the widening lags the TMA issue by one KV tile, across work tiles
+    dict(qo_lens=[300, 7, 1000, 129], kv_lens=[50, 100, 1200, 700], causal=True, kv_dtype=E4M3),
+    dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=True, page_size=16, kv_dtype=E4M3),
+    dict(qo_lens=[1, 300, 1000], kv_lens=[1, 777, 1000], causal=False, page_size=128, kv_dtype=E5M2),
+    dict(qo_lens=[1000, 77], kv_lens=[1000, 300], causal=True, d=64, page_size=8, layout="HND", kv_dtype=E4M3),
 ])
 def test_persistent_many_tiles_per_cta(case):
     _needs_sm90()

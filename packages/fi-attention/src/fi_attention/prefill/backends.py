@@ -72,10 +72,10 @@ BACKENDS = (
 
 def _specs(arch):
     """Representative modules for precompile and the compile check: fa2 ragged, paged and paged
-    with an fp8 e4m3 cache (the Hopper path for fp8 KV caches too), and on sm_90a the fa3 ragged
-    and paged causal d128 kernels, with K/V multicast (even GQA groups) and without, and its
-    ragged d128 custom-mask kernels without and with a soft cap (so the compile check holds them
-    to their spill budgets)."""
+    with an fp8 e4m3 cache, and on sm_90a the fa3 ragged and paged causal d128 kernels, with K/V
+    multicast (even GQA groups) and without, the paged one over an fp8 e4m3 cache, and its ragged
+    d128 custom-mask kernels without and with a soft cap (so the compile check holds them to
+    their spill budgets)."""
     specs = [fa2_spec(torch.bfloat16, 128, 128, False, arch),
              fa2_spec(torch.bfloat16, 128, 128, True, arch),
              fa2_spec(torch.bfloat16, 128, 128, True, arch, kv_dtype=torch.float8_e4m3fn)]
@@ -86,6 +86,7 @@ def _specs(arch):
                   for paged in (False, True) for mc in (True, False)]
         specs += [prefill_sm90_spec(torch.bfloat16, 128, False, arch, custom_mask=True, softcap=cap)
                   for cap in (False, True)]
+        specs += [prefill_sm90_spec(torch.bfloat16, 128, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)]
     return specs
 
 

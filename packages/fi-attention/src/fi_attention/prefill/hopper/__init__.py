@@ -19,7 +19,7 @@ import torch
 from fi_core import arch_of, current_stream, knobs, load, on_device
 from fi_core.errors import InputError, InputTypeError, UnsupportedError
 
-from .spec import DTYPES, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast, visible_pairs
+from .spec import DTYPES, FP8_HEAD_DIMS, FP8_KV, HEAD_DIMS, kv_tile, prefill_sm90_spec, use_multicast, visible_pairs
 
 __all__ = ["supports", "run_ragged", "run_paged", "unsupported_reason", "run", "ARCH"]
 
@@ -41,7 +41,10 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
     if dtype not in DTYPES:
         return f"fa3 supports q dtype bfloat16/float16, got {dtype}"
     if kv_dtype is not None and kv_dtype != dtype:
-        return f"fa3 needs k/v dtype == q dtype ({dtype}), got {kv_dtype}"
+        if kv_dtype not in FP8_KV:
+            return f"fa3 needs k/v dtype == q dtype ({dtype}) or float8_e4m3fn/e5m2, got {kv_dtype}"
+        if head_dim_qk not in FP8_HEAD_DIMS:
+            return f"fa3 takes fp8 k/v at head_dim {FP8_HEAD_DIMS}, got {head_dim_qk}"
     if pos_encoding_mode not in (None, "NONE"):
         return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
     if paged and _page_size_reason(head_dim_qk, page_size):
@@ -76,6 +79,15 @@ def unsupported_reason(facts: dict) -> Optional[str]:
     )
 
 
+def _kv_dtype_ok(name: str, kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -> None:
+    if kv_dtype == dtype:
+        return
+    if kv_dtype not in FP8_KV:
+        raise InputTypeError(f"{name} must be {dtype} like q, or float8_e4m3fn/e5m2, got {kv_dtype}")
+    if head_dim not in FP8_HEAD_DIMS:
+        raise UnsupportedError(f"fa3 takes fp8 k/v at head_dim {FP8_HEAD_DIMS}, got {head_dim}")
+
+
 def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
     # TMA needs 16-byte aligned base addresses and strides; the epilogue stores pairs of elements.
     if t.dtype != dtype:
@@ -84,9 +96,10 @@ def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
         raise InputError(f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}")
     if t.stride(2) != 1:
         raise InputError(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
-    if t.data_ptr() % 16 or t.stride(0) % 8 or (t.shape[1] > 1 and t.stride(1) % 8):
+    per16 = 16 // t.element_size()  # elements per 16 bytes
+    if t.data_ptr() % 16 or t.stride(0) % per16 or (t.shape[1] > 1 and t.stride(1) % per16):
         raise InputError(f"{name} must be 16-byte aligned with token/head strides that are multiples "
-                         f"of 8 elements for the fa3 kernel, got ptr % 16 = {t.data_ptr() % 16}, "
+                         f"of {per16} elements for the fa3 kernel, got ptr % 16 = {t.data_ptr() % 16}, "
                          f"strides {t.stride()}")
 
 
@@ -103,7 +116,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q : torch.Tensor
         ``[nnz_q, H_qo, D]`` bfloat16/float16, last dim contiguous (token/head strides are read).
     k, v : torch.Tensor
-        ``[nnz_kv, H_kv, D]``, same dtype; ``H_qo`` a multiple of ``H_kv`` (GQA).
+        ``[nnz_kv, H_kv, D]``, q's dtype or (head_dim 64 / 128) both fp8 e4m3 / e5m2, widened in
+        the kernel (dequantisation scales stay with the caller); ``H_qo`` a multiple of ``H_kv``.
     qo_indptr, kv_indptr : torch.Tensor or None
         Device int32 ``[batch_size + 1]``. Both None = one request (``q`` and ``k`` whole).
     out : torch.Tensor
@@ -140,8 +154,10 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dtype = q.dtype
     if dtype not in DTYPES:
         raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-        _check_nhd(name, t, dtype)
+    kv_dtype = k.dtype
+    _kv_dtype_ok("k", kv_dtype, dtype, q.shape[-1] if q.dim() == 3 else 0)
+    for name, t, dt in (("q", q, dtype), ("k", k, kv_dtype), ("v", v, kv_dtype), ("out", out, dtype)):
+        _check_nhd(name, t, dt)
     nnz_q, hq, d = q.shape
     nnz_kv, hkv, dk = k.shape
     if d not in HEAD_DIMS or dk != d or v.shape[2] != d or out.shape[2] != d:
@@ -182,8 +198,9 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cap = float(logits_soft_cap) if logits_soft_cap and logits_soft_cap > 0 else 0.0
     flops = _work_flops(work_pairs, nnz_q, nnz_kv, batch_size, bool(causal), window_left, hq, d)
     masked = packed_mask is not None
-    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0,
-                                 multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
+    mc = not masked and kv_dtype == dtype and use_multicast(d, hq, hkv, flops)
+    mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), softcap=cap > 0, multicast=mc,
+                                 custom_mask=masked, kv_dtype=kv_dtype))
     with on_device(q.device):
         mod.fi_prefill_sm90_ragged(
             q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -235,7 +252,8 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     q, out, lse, causal, sm_scale, logits_soft_cap, window_left, max_qo_len, batch_size, packed_mask, mask_indptr
         As in :func:`run_ragged` (``qo_indptr`` is required, and so is ``mask_indptr`` with a mask).
     k_cache, v_cache : torch.Tensor
-        The two halves of the cache, pages first (``[num_pages, ...]``, NHD or HND), q's dtype.
+        The two halves of the cache, pages first (``[num_pages, ...]``, NHD or HND), q's dtype or
+        (head_dim 64 / 128) fp8 e4m3 / e5m2, as in :func:`run_ragged`.
     k_strides, v_strides : tuple of int
         Element strides (page, token, head) of ``k_cache`` / ``v_cache``; the head dim is contiguous.
     qo_indptr, kv_indptr, kv_indices, kv_last_page_len : torch.Tensor
@@ -269,15 +287,18 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     why = _page_size_reason(d, page_size)
     if why:
         raise UnsupportedError(why)
+    kv_dtype = k_cache.dtype
+    _kv_dtype_ok("k_cache", kv_dtype, dtype, d)
     for name, t, st in (("k_cache", k_cache, k_strides), ("v_cache", v_cache, v_strides)):
-        if t.dtype != dtype:
-            raise InputTypeError(f"{name} must be {dtype} like q, got {t.dtype}")
+        if t.dtype != kv_dtype:
+            raise InputTypeError(f"{name} must be {kv_dtype} like k_cache, got {t.dtype}")
         if t.shape[-1] != d or t.stride(-1) != 1:
             raise InputError(f"{name} must end in a contiguous head_dim {d}, got shape {tuple(t.shape)} "
                              f"strides {t.stride()}")
-        if t.data_ptr() % 16 or any(int(x) % 8 for x in st):
+        per16 = 16 // t.element_size()
+        if t.data_ptr() % 16 or any(int(x) % per16 for x in st):
             raise InputError(f"{name} must be 16-byte aligned with (page, token, head) strides that are "
-                             f"multiples of 8 elements, got ptr % 16 = {t.data_ptr() % 16}, strides {st}")
+                             f"multiples of {per16} elements, got ptr % 16 = {t.data_ptr() % 16}, strides {st}")
     hkv = int(num_kv_heads) if num_kv_heads else _kv_heads(k_cache, k_strides, page_size)
     if hkv == 0 or hq % hkv:
         raise InputError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
@@ -296,8 +317,9 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
     flops = _work_flops(work_pairs, nnz_q, kv_indices.numel() * page_size, batch_size, bool(causal),
                         window_left, hq, d)
     masked = packed_mask is not None
+    mc = not masked and kv_dtype == dtype and use_multicast(d, hq, hkv, flops)
     mod = load(prefill_sm90_spec(dtype, d, bool(causal), arch_of(q.device), paged=True, softcap=cap > 0,
-                                 multicast=not masked and use_multicast(d, hq, hkv, flops), custom_mask=masked))
+                                 multicast=mc, custom_mask=masked, kv_dtype=kv_dtype))
     with on_device(q.device):
         mod.fi_prefill_sm90_paged(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),

@@ -28,12 +28,14 @@
 // Build defines (one instantiation per module): FI_DTYPE_BF16 (1 = bf16, 0 = fp16), FI_HEAD_DIM
 // (64, 128, 256), FI_CAUSAL (0/1), FI_PAGED (0: ragged K/V, 1: page table), FI_SOFTCAP (0/1:
 // logits = cap * tanh(sm_scale * q.k / cap)), FI_CUSTOM_MASK (0/1: packed boolean masks, see
-// kCustomMask), FI_FA3_MCAST (0/1, d = 128: K/V multicast, see kMcast).
+// kCustomMask), FI_FA3_MCAST (0/1, d = 128: K/V multicast, see kMcast), FI_KV_FP8 (0: K/V in the
+// Q dtype; 1 / 2: fp8 e4m3 / e5m2 K/V widened in shared memory, see kKV8).
 // Built with -DNDEBUG so wgmma is not serialised (ptxas C7510).
 #include <cuda.h>  // CUtensorMap and enums only: the driver entry point comes from the runtime
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -67,6 +69,9 @@
 #endif
 #ifndef FI_CUSTOM_MASK
 #define FI_CUSTOM_MASK 0
+#endif
+#ifndef FI_KV_FP8
+#define FI_KV_FP8 0
 #endif
 // FI_FA3_VARIANT selects an experimental schedule for A/B runs (bench option variant=N); 0, the
 // default, is the shipped one.
@@ -104,7 +109,23 @@ constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x
 // buffers (the next tile's Q loads as soon as the producer has issued the current tile's K/V) at
 // the cost of the third stage: x0.998 / 0.995 / 0.986 on single 2k / 4k / 16k, x0.994 on the ragged
 // batch, x0.923 on the paged one.
+// fp8 K/V (FI_KV_FP8 = 1 e4m3, 2 e5m2; d = 64 and 128): wgmma takes no fp8 operand beside a 16-bit
+// one, so the tiles are widened to the Q dtype in shared memory, in place: TMA lands each raw fp8
+// K/V tile (half the bytes of a 16-bit one, unswizzled rows of kHeadDim bytes) in the upper half of
+// the 16-bit stage it is widened into, as soon as the consumers release that stage (the same ring
+// of 3 stages and the same lead as 16-bit caches); producer warp 0 issues the loads, warps 1-3
+// widen each tile as it lands (see widen_tile for why in place is safe). The consumers are
+// unchanged. Widening is exact for every finite value (each e4m3 / e5m2 value is a bf16 and an
+// fp16 value, see widen2); k_scale and v_scale stay with the caller (softmax scale, output).
+// Measured (session 47, H100, paged 16 x 2048 page 16 causal 32/8 d128 over an e4m3 cache, in
+// turns): 1599-1620 us against fa2's 2357-2411 (x1.48) and fa3 over bf16's 1111-1148; without the
+// widening's loads, conversion and stores (A/B bit 8192, wrong results) 1060-1066.
+constexpr bool kKV8 = FI_KV_FP8 != 0;
+static_assert(!kKV8 || kHeadDim <= 128, "fp8 K/V: head_dim 64 or 128");
 constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+// kKV8: the bytes of one raw fp8 K (or V) tile, which is also where it lands in its 16-bit stage
+// (the upper half).
+constexpr int kRawBytes = kBlockN * kHeadDim;
 constexpr int kThreads = 384;
 constexpr int kConsumerThreads = 256;
 constexpr int kBoxCols = 64;                           // 64 x 16-bit = one 128-byte swizzle row
@@ -162,6 +183,7 @@ constexpr bool kPersistent = kHeadDim <= 128;
 #endif
 constexpr bool kMcast = FI_FA3_MCAST != 0;
 static_assert(!kMcast || kHeadDim == 128, "multicast splits the two 64-column boxes of d = 128 between the CTAs");
+static_assert(!(kMcast && kKV8), "fp8 K/V modules do not multicast");
 
 // ---- shared memory layouts (CuTe) --------------------------------------------------------------
 // The 128B-swizzled K-major atom is 8 rows x 64 columns; TMA with SWIZZLE_128B and a 64-column box
@@ -260,6 +282,10 @@ struct alignas(1024) SharedStorage {
   // The consumers' work tiles, published by the producer (see TileDesc): slot q_it % kDescSlots
   // holds the q_it-th tile of this CTA.
   int tiles[kDescSlots][kDescInts];
+  // fp8 K/V (kKV8; last, so the 16-bit modules keep their layout): a stage's raw tile has landed
+  // (TMA bytes); full_k / full_v then count the kWideners widening threads.
+  uint64_t raw_full_k[kStages];
+  uint64_t raw_full_v[kStages];
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory over the sm_90 limit");
 constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + room to align the base
@@ -372,6 +398,9 @@ FI_DEVICE int lds(const int* ptr) {
   return v;
 }
 FI_DEVICE void sts(int* ptr, int v) { asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_u32(ptr)), "r"(v)); }
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy reads (wgmma
+// operands) that a barrier arrive publishes.
+FI_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Named barriers (id 0 is __syncthreads): ping-pong between the two consumer warpgroups.
 FI_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 FI_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
@@ -413,6 +442,136 @@ FI_DEVICE uint32_t pack2(float a, float b) {
   __half2 h = __floats2half2_rn(a, b);
 #endif
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Two fp8 values (bytes 0-1 of w, or 2-3 with kHigh) widened to the Q dtype, exactly for every
+// finite value. fp16: e5m2 is the high byte of an fp16; e4m3 takes one hardware conversion per
+// pair. bf16 has no such conversion, and the route through fp16 and fp32 (four conversions per
+// pair on a quarter-rate unit) was the widening's limiter. Instead: prmt in its sign-replicating
+// mode puts each byte in the low byte of its half and the byte's sign in every bit of the high
+// byte; one mask keeps the 7 magnitude bits and the one sign bit that the left shift then carries
+// to bit 15, which leaves a bf16 whose exponent bias is 120 (e4m3) / 112 (e5m2) short, and one
+// exact multiply by 2^120 / 2^112 rebiases it (fp8 subnormals enter as bf16 subnormals: sm_90 bf16
+// arithmetic keeps them). Four instructions per pair, two of them (the shift as IMAD.SHL, the
+// multiply) on the FMA pipe. fp8 NaN / Inf (a corrupt cache) widen to finite values on this path.
+template <bool kHigh>
+FI_DEVICE uint32_t widen2(uint32_t w) {
+#if !FI_DTYPE_BF16
+#if FI_KV_FP8 == 2
+  return __byte_perm(w, 0, kHigh ? 0x3424 : 0x1404);  // each byte in the high byte of its half
+#else
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(kHigh ? w >> 16 : w & 0xffffu),
+                                                    __NV_E4M3);
+  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+#endif
+#else
+  uint32_t u;  // (__byte_perm ignores the selectors' sign-replicate bit)
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(u) : "r"(w), "n"(kHigh ? 0xB3A2 : 0x9180));
+#if FI_KV_FP8 == 2
+  const uint32_t mag = (u & 0x047F047Fu) << 5, rebias = 0x77807780u;  // bf16 2^112
+#else
+  const uint32_t mag = (u & 0x087F087Fu) << 4, rebias = 0x7B807B80u;  // bf16 2^120
+#endif
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(mag), "r"(rebias));
+  return r;
+#endif
+}
+
+FI_DEVICE uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+FI_DEVICE void sts128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+// Eight fp8 values (two words) widened: one 16-byte chunk of 16-bit elements.
+FI_DEVICE uint4 widen8(uint32_t a, uint32_t b) {
+#if FI_FA3_VARIANT & 4096
+  return make_uint4(a, a >> 16, b, b >> 16);  // A/B timing only (wrong results): no conversion
+#endif
+  return make_uint4(widen2<false>(a), widen2<true>(a), widen2<false>(b), widen2<true>(b));
+}
+
+// Widen one fp8 tile in place: its raw rows (kHeadDim bytes each, unswizzled, as TMA lands them at
+// byte kRawBytes of the stage) become the 16-bit tile in the 128B-swizzled layout the wgmma
+// descriptors read (kBoxes boxes of kBlockN rows x 64 columns; 16-byte chunk j of row r at
+// j ^ (r % 8)). `stage` is a shared-memory address; t is the widening thread (of kWideners). Each
+// thread keeps one raw 16-byte column chunk and steps down the rows kRowStep (12 at d = 128, 24 at
+// d = 64) at a time, so its column, box and store order are fixed and only the row advances.
+// d = 128: raw row r occupies exactly the 128 bytes that widened row r of box 1 will, and box 0
+// lies below the raw half, so a round's stores overwrite only the raw rows loaded for that round.
+// A warp holds 4 whole rows per round (no two warps share a row) and syncs between its loads and
+// stores of a round. (Loading the next round's rows before the current round's conversion was
+// slower: x0.85 in turns, session 47, with 20 more bytes of producer spills.) Within each quarter
+// warp the lanes of box 0 take row r and those of box 1 row r ^ 1: their swizzle phases differ in
+// bit 0, so the two boxes' stores fall in opposite bank halves, and the loads read halves of two
+// adjacent raw rows (64 + 64 bytes): no bank conflicts, and no data selects. The swizzle phase
+// alternates between two values over rounds 12 rows apart: both address pairs are set up once.
+// d = 64 (one box): widened rows 0-63 lie below the raw half; rows 64-127 overwrite all raw rows,
+// so every thread loads its chunks of raw rows 64-127 first, streams rows 0-63, and stores rows
+// 64-127 after a barrier of the widening threads.
+constexpr int kWideners = 96;      // producer warps 1-3 (kKV8); warp 0 issues the loads
+constexpr int kWidenBarrier = 5;   // named barrier of the widening threads (d = 64)
+FI_DEVICE void widen_tile(uint32_t stage, int t) {
+#if FI_FA3_VARIANT & 8192
+  return;  // A/B timing only (wrong results): the pipeline without the widening's loads and stores
+#endif
+  constexpr int kRowChunks = kHeadDim / 16;  // raw 16-byte chunks per row
+  constexpr int kRowStep = kWideners / kRowChunks;
+  static_assert(kWideners % kRowChunks == 0 && kRowStep % 4 == 0, "a fixed column and whole rows per warp");
+  if constexpr (kHeadDim == 128) {
+    const int q = t % 8, quarter = t / 8;  // column chunk (box 0 for q < 4), quarter warp
+    const int r0 = (quarter & ~1) + ((quarter & 1) ^ (q >= 4 ? 1 : 0));  // rows 2m, 2m + 1 per quarter pair
+    const int ch = (2 * q) % 8;  // output chunks ch, ch + 1 of box q / 4
+    const uint32_t row_base = stage + ((q / 4) * kBlockN + r0) * 128;
+    const uint32_t raw0 = stage + kRawBytes + r0 * kHeadDim + q * 16;
+    uint32_t first[2], second[2];  // the two output chunks' addresses, per swizzle phase
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const int sw = (r0 + e * kRowStep) & 7;
+      first[e] = row_base + e * kRowStep * 128 + ((ch ^ sw) * 16);
+      second[e] = row_base + e * kRowStep * 128 + (((ch + 1) ^ sw) * 16);
+    }
+#pragma unroll 2
+    for (int k = 0; k * kRowStep < kBlockN; ++k) {  // a fixed trip count keeps k & 1 static
+      if (r0 + k * kRowStep < kBlockN) {  // whole warps: a warp's rows are 4 consecutive ones
+        const uint32_t step = (k / 2) * (2 * kRowStep * 128);
+        const uint4 v = lds128(raw0 + k * kRowStep * kHeadDim);
+        __syncwarp();  // every lane of this warp has read this round's raw rows before any overwrites them
+        sts128(first[k & 1] + step, widen8(v.x, v.y));
+        sts128(second[k & 1] + step, widen8(v.z, v.w));
+      }
+    }
+  } else {
+    const int c = t % kRowChunks, row0 = t / kRowChunks;
+    const int chunk = 2 * c;  // output chunks 2c, 2c + 1 (8 columns each)
+    const uint32_t raw = stage + kRawBytes + t * 16;
+    auto store = [&](int row, const uint4& v) {
+      const uint32_t row_addr = stage + row * 128;
+      const int sw = row & 7;
+      sts128(row_addr + ((chunk ^ sw) * 16), widen8(v.x, v.y));
+      sts128(row_addr + (((chunk + 1) ^ sw) * 16), widen8(v.z, v.w));
+    };
+    constexpr int kHalf = kBlockN / 2, kRounds = (kHalf + kRowStep - 1) / kRowStep;
+    constexpr uint32_t kHalfBytes = kHalf * kRowChunks * 16;
+    uint4 hi[kRounds];
+    CUTE_UNROLL
+    for (int k = 0; k < kRounds; ++k)
+      if (row0 + k * kRowStep < kHalf) hi[k] = lds128(raw + kHalfBytes + k * kWideners * 16);
+    CUTE_UNROLL
+    for (int k = 0; k < kRounds; ++k) {
+      const int row = row0 + k * kRowStep;
+      if (row < kHalf) store(row, lds128(raw + k * kWideners * 16));
+    }
+    named_sync(kWidenBarrier, kWideners);
+    CUTE_UNROLL
+    for (int k = 0; k < kRounds; ++k) {
+      const int row = row0 + k * kRowStep;
+      if (row < kHalf) store(kHalf + row, hi[k]);
+    }
+  }
 }
 
 // Accumulator value v of a thread sits in row half (v >> 1) & 1 of its two rows (CuTe's SM90
@@ -489,10 +648,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     mbar_init(&ss.bar_q, 1);
     mbar_init(&ss.empty_q, kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&ss.full_k[s], 1);
-      mbar_init(&ss.full_v[s], 1);
+      mbar_init(&ss.full_k[s], kKV8 ? kWideners : 1);  // fp8: the widening threads, else the TMA bytes
+      mbar_init(&ss.full_v[s], kKV8 ? kWideners : 1);
       mbar_init(&ss.empty_k[s], kReleases);
       mbar_init(&ss.empty_v[s], kReleases);
+    }
+    if constexpr (kKV8) {
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&ss.raw_full_k[s], 1);
+        mbar_init(&ss.raw_full_v[s], 1);
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -506,7 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     // ------------------------------------------------------------------ producer
     reg_dealloc<kProducerRegs>();
     constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-    constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+    constexpr uint32_t kKVBytes = kKV8 ? kRawBytes : kBlockN * kHeadDim * sizeof(Element);
     // Ragged: thread 0 issues everything. Paged, d <= 128: lane 0 of each of the 4 producer warps
     // issues the boxes j = warp, warp + 4, ... of every KV tile (a box is one page, or a slice of a
     // page larger than the tile). A TMA instruction takes its coordinates from uniform registers,
@@ -522,11 +687,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     // schedulers (tools/ab_fa3.py, page 128: x1.025-1.029 with them gone).
     const bool idle = kSpread && pwarp != 0 && p.page_size >= kBlockN;
     const bool writer = pwarp == 0 && lane == 0;  // publishes the tiles and loads their Q
+    // fp8 K/V: warp 0 issues every load (lane j box j of a paged tile), warps 1-3 widen. A thread
+    // that both issued and widened waited for each tile to land before it could issue the next
+    // one, which left one tile in flight instead of the ring's lead: 2868 us against 1122 for a
+    // bf16 cache (paged 16 x 2048, H200), 2505 against 1097 with the widening split around the
+    // V issue (H100).
+    const bool issuer = kKV8 ? pwarp == 0 && lane < (kPaged ? 32 : 1)
+                             : !idle && (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1));
+    const bool widener = kKV8 && pwarp != 0;
     // Multicast: the cluster's CTAs take tiles 2u and 2u + 1 (query heads 2h, 2h + 1 of one KV
     // head, the same KV tiles), the cluster index snaking as a CTA does without; rank r loads
     // column box r of every K and V tile for both.
     const int rank = mc ? int(cluster_rank()) : 0;
-    if (!idle && (kSpread ? lane == 0 : pwarp == 0 && lane < (kPaged ? 32 : 1))) {
+    if (issuer || widener) {
       int kv_it = 0;  // KV tiles loaded by this CTA so far (all its work tiles): stage and phase
       int q_it = 0;   // tiles published so far
       // The single Q buffer (and so the next descriptor slot) is free once both consumer
@@ -561,6 +734,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           mbar_arrive(&ss.bar_q);
         }
       };
+      // fp8 K/V: widen tile j in its stage (j % kStages) once its raw half has landed (the consumers
+      // released the stage before its TMA was issued). The widening threads wait on nothing else,
+      // so they cannot close a cycle with the publish (which waits for the consumers).
+      [[maybe_unused]] auto widen = [&](int j, uint64_t* raw_full, uint64_t* full, Element* base) {
+        const int s = j % kStages;
+        mbar_wait(&raw_full[s], (j / kStages) & 1);
+        widen_tile(smem_u32(&base[s * kBlockN * kHeadDim]), threadIdx.x - 32);
+        fence_proxy_async();
+        mbar_arrive(&full[s]);
+      };
       for (int round = 0;; ++round) {
         const int t = mc ? 2 * tile_of(round, cta >> 1, grid >> 1) + rank : tile_of(round, cta, grid);
         if (t >= num_tiles || (!kPersistent && round > 0)) break;
@@ -574,6 +757,43 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         for (int n = w.n_end - 1; n >= w.n_start; --n, ++kv_it) {
           const int s = kv_it % kStages;
           const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
+          if constexpr (kKV8) {
+            if (widener) {
+              widen(kv_it, ss.raw_full_k, ss.full_k, ss.k);
+              widen(kv_it, ss.raw_full_v, ss.full_v, ss.v);
+              continue;
+            }
+            // Raw tile kv_it lands in the upper half of its stage once the consumers released it.
+            uint8_t* k_dst = reinterpret_cast<uint8_t*>(&ss.k[s * kBlockN * kHeadDim]) + kRawBytes;
+            uint8_t* v_dst = reinterpret_cast<uint8_t*>(&ss.v[s * kBlockN * kHeadDim]) + kRawBytes;
+#if FI_PAGED
+            const int box_rows = min(p.page_size, kBlockN);
+            const int boxes = kBlockN / box_rows;
+            const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
+            const int in_page = (n * kBlockN) % p.page_size;
+            const int c1 = p.heads_outer ? in_page : kv_head;
+            const int c2 = p.heads_outer ? kv_head : in_page;
+            const bool mine = lane < boxes;  // lane j issues box j
+            const int pg = mine ? p.kv_indices[w.kv_start + min((n * kBlockN + lane * box_rows) / p.page_size,
+                                                                num_pages - 1)]
+                                : 0;
+            mbar_wait(&ss.empty_k[s], empty_phase);
+            if (lane == 0) mbar_expect_tx(&ss.raw_full_k[s], kKVBytes);
+            if (mine) tma_load_4d(k_dst + lane * box_rows * kHeadDim, &p.tma_k, &ss.raw_full_k[s], 0, c1, c2, pg);
+            mbar_wait(&ss.empty_v[s], empty_phase);
+            if (lane == 0) mbar_expect_tx(&ss.raw_full_v[s], kKVBytes);
+            if (mine) tma_load_4d(v_dst + lane * box_rows * kHeadDim, &p.tma_v, &ss.raw_full_v[s], 0, c1, c2, pg);
+#else
+            const int tok = w.kv_start + n * kBlockN;
+            mbar_wait(&ss.empty_k[s], empty_phase);
+            mbar_expect_tx(&ss.raw_full_k[s], kKVBytes);
+            tma_load_rows(k_dst, &p.tma_k, &ss.raw_full_k[s], 0, kv_head, tok, p.kv_heads_outer);
+            mbar_wait(&ss.empty_v[s], empty_phase);
+            mbar_expect_tx(&ss.raw_full_v[s], kKVBytes);
+            tma_load_rows(v_dst, &p.tma_v, &ss.raw_full_v[s], 0, kv_head, tok, p.kv_heads_outer);
+#endif
+            continue;
+          }
 #if FI_PAGED
           // Per tile, but derived here: kept live through the loop they made d = 256 spill.
           const int box_rows = min(p.page_size, kBlockN);
@@ -1070,30 +1290,39 @@ inline EncodeTiledFn encode_fn() {
   return fn;
 }
 
+// How a map reads its tensor: 16-bit elements in 64-column boxes, 128B-swizzled (Q, and 16-bit
+// K/V), or fp8 K/V (kKV8) as whole unswizzled rows of kHeadDim bytes for the widening threads.
+struct MapFormat {
+  CUtensorMapDataType type;
+  uint32_t elem_bytes, box_cols;
+  CUtensorMapSwizzle swizzle;
+};
+constexpr MapFormat kQFormat = {FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                uint32_t(sizeof(Element)), uint32_t(kBoxCols), CU_TENSOR_MAP_SWIZZLE_128B};
+constexpr MapFormat kKVFormat =
+    kKV8 ? MapFormat{CU_TENSOR_MAP_DATA_TYPE_UINT8, 1u, uint32_t(kHeadDim), CU_TENSOR_MAP_SWIZZLE_NONE} : kQFormat;
+
 // Map over a [tokens, heads, kHeadDim] tensor (strides in elements, last dim contiguous); one box =
-// `rows` tokens x 64 columns of one head, 128B-swizzled. Out-of-range tokens read as zeros.
+// `rows` tokens x box_cols columns of one head. Out-of-range tokens read as zeros.
 // With heads_outer the dims are (d, token, head), so strides stay increasing for HND-strided views.
-inline bool encode_qkv(CUtensorMap* map, const void* ptr, int64_t tokens, int64_t heads, int64_t tok_stride,
-                       int64_t head_stride, int rows, bool heads_outer = false) {
+inline bool encode_qkv(CUtensorMap* map, const MapFormat& f, const void* ptr, int64_t tokens, int64_t heads,
+                       int64_t tok_stride, int64_t head_stride, int rows, bool heads_outer = false) {
   EncodeTiledFn fn = encode_fn();
   if (fn == nullptr) return false;
   if (heads == 1) head_stride = kHeadDim;  // unused by addressing; keep the strides dense-looking
   cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(heads_outer ? tokens : heads),
                         cuuint64_t(heads_outer ? heads : tokens)};
-  cuuint64_t strides[2] = {cuuint64_t(heads_outer ? tok_stride : head_stride) * sizeof(Element),
-                           cuuint64_t(heads_outer ? head_stride : tok_stride) * sizeof(Element)};
-  cuuint32_t box[3] = {cuuint32_t(kBoxCols), heads_outer ? cuuint32_t(rows) : 1u, heads_outer ? 1u : cuuint32_t(rows)};
+  cuuint64_t strides[2] = {cuuint64_t(heads_outer ? tok_stride : head_stride) * f.elem_bytes,
+                           cuuint64_t(heads_outer ? head_stride : tok_stride) * f.elem_bytes};
+  cuuint32_t box[3] = {f.box_cols, heads_outer ? cuuint32_t(rows) : 1u, heads_outer ? 1u : cuuint32_t(rows)};
   cuuint32_t estrides[3] = {1u, 1u, 1u};
-  const CUtensorMapDataType dt =
-      FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return fn(map, dt, 3, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return fn(map, f.type, 3, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            f.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Map over one half of a paged cache: dims (d, head, token in page, page), or (d, token, head, page)
 // when heads_outer (HND: strides stay increasing), with the given element strides; one box =
-// min(page_size, kBlockN) tokens x 64 columns of one head of one page.
+// min(page_size, kBlockN) tokens x box_cols columns of one head of one page (kKVFormat).
 inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64_t page_size, int64_t heads,
                          int64_t page_stride, int64_t tok_stride, int64_t head_stride, bool heads_outer) {
   EncodeTiledFn fn = encode_fn();
@@ -1103,15 +1332,13 @@ inline bool encode_paged(CUtensorMap* map, const void* ptr, int64_t pages, int64
   const int64_t d1 = heads_outer ? page_size : heads, d2 = heads_outer ? heads : page_size;
   const int64_t s1 = heads_outer ? tok_stride : head_stride, s2 = heads_outer ? head_stride : tok_stride;
   cuuint64_t dims[4] = {cuuint64_t(kHeadDim), cuuint64_t(d1), cuuint64_t(d2), cuuint64_t(pages)};
-  cuuint64_t strides[3] = {cuuint64_t(s1) * sizeof(Element), cuuint64_t(s2) * sizeof(Element),
-                           cuuint64_t(page_stride) * sizeof(Element)};
-  cuuint32_t box[4] = {cuuint32_t(kBoxCols), heads_outer ? rows : 1u, heads_outer ? 1u : rows, 1u};
+  const MapFormat& f = kKVFormat;
+  cuuint64_t strides[3] = {cuuint64_t(s1) * f.elem_bytes, cuuint64_t(s2) * f.elem_bytes,
+                           cuuint64_t(page_stride) * f.elem_bytes};
+  cuuint32_t box[4] = {f.box_cols, heads_outer ? rows : 1u, heads_outer ? 1u : rows, 1u};
   cuuint32_t estrides[4] = {1u, 1u, 1u, 1u};
-  const CUtensorMapDataType dt =
-      FI_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return fn(map, dt, 4, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return fn(map, f.type, 4, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            f.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Persistent grid size: one CTA per SM (1 CTA/SM fits: 384 threads x 168 registers, ~225 KB of
@@ -1203,9 +1430,9 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   const bool q_outer = num_qo_heads > 1 && q_head > q_tok;
   const bool kv_outer = num_kv_heads > 1 && k_head > k_tok;
   if ((num_kv_heads > 1 && (v_head > v_tok) != kv_outer) ||
-      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
-      !encode_qkv(&p.tma_k, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN, kv_outer) ||
-      !encode_qkv(&p.tma_v, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN, kv_outer))
+      !encode_qkv(&p.tma_q, kQFormat, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
+      !encode_qkv(&p.tma_k, kKVFormat, k, nnz_kv, num_kv_heads, k_tok, k_head, kBlockN, kv_outer) ||
+      !encode_qkv(&p.tma_v, kKVFormat, v, nnz_kv, num_kv_heads, v_tok, v_head, kBlockN, kv_outer))
     return cudaErrorInvalidValue;
   p.q_heads_outer = q_outer ? 1 : 0;
   p.kv_heads_outer = kv_outer ? 1 : 0;
@@ -1241,7 +1468,7 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   const bool q_outer = num_qo_heads > 1 && q_head > q_tok;
   p.q_heads_outer = q_outer ? 1 : 0;
   if ((num_kv_heads > 1 && (v_head > v_tok) != heads_outer) ||
-      !encode_qkv(&p.tma_q, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
+      !encode_qkv(&p.tma_q, kQFormat, q, nnz_q, num_qo_heads, q_tok, q_head, kBlockM, q_outer) ||
       !encode_paged(&p.tma_k, k, num_pages, page_size, num_kv_heads, k_page, k_tok, k_head, heads_outer) ||
       !encode_paged(&p.tma_v, v, num_pages, page_size, num_kv_heads, v_page, v_tok, v_head, heads_outer))
     return cudaErrorInvalidValue;

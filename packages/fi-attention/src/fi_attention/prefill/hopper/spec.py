@@ -15,6 +15,10 @@ _HERE = Path(__file__).resolve().parent
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
+# fp8 K/V caches (widened to the q dtype in shared memory, FI_KV_FP8 in prefill_sm90.cu): the
+# value of FI_KV_FP8 per dtype, and the head dims it is built for.
+FP8_KV = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+FP8_HEAD_DIMS = (64, 128)
 
 RAGGED_ENTRY = Entry(
     "fi_prefill_sm90_ragged",
@@ -112,6 +116,12 @@ def use_multicast(head_dim: int, num_qo_heads: int, num_kv_heads: int, flops: Op
 # prefill_fa3_ab_session33_mask_ss.json): x0.985 with the mask alone, x0.936 with a soft cap too.
 # The compile check allows these budgets (bytes, keyed by head_dim and soft cap), no more.
 MASK_SPILL_BUDGET = {(128, False): 32, (128, True): 56, (256, False): 80, (256, True): 80}
+# fp8 K/V modules (ptxas, nvcc 13.0, session 47's build): the producer warpgroup, at its 40
+# registers, keeps some tile-loop state in local memory (stored and loaded per KV tile or work
+# tile, not in the widening loop): 28 bytes of spill stores / loads in the paged d = 128 modules
+# (4 ragged), 92 with a soft cap (paged; 48 ragged), 32 with a custom mask and 56 with both
+# (ragged; paged masked fp8 modules not measured); d = 64 none. Keyed by (softcap, custom_mask).
+FP8_SPILL_BUDGET = {(False, False): 28, (True, False): 92, (False, True): 32, (True, True): 56}
 
 
 # KV tile rows of the kernel (kBlockN in prefill_sm90.cu); paged page sizes must tile it.
@@ -121,14 +131,20 @@ def kv_tile(head_dim: int) -> int:
 
 @functools.cache
 def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, paged: bool = False,
-                      softcap: bool = False, multicast: bool = False, custom_mask: bool = False) -> KernelSpec:
-    """The module for one (dtype, head_dim, causal, paged, softcap, multicast, custom_mask);
-    ``arch`` must be 9.0a. ``multicast`` (head_dim 128 only): 2-CTA clusters share K/V tiles by
-    TMA multicast (FI_FA3_MCAST in prefill_sm90.cu); such a module serves only even GQA groups (see
-    ``use_multicast``). ``custom_mask``: packed boolean masks (FI_CUSTOM_MASK; a custom mask
-    replaces causality, so such a module is never causal)."""
+                      softcap: bool = False, multicast: bool = False, custom_mask: bool = False,
+                      kv_dtype: Optional[torch.dtype] = None) -> KernelSpec:
+    """The module for one (dtype, head_dim, causal, paged, softcap, multicast, custom_mask,
+    kv_dtype); ``arch`` must be 9.0a. ``multicast`` (head_dim 128 only): 2-CTA clusters share K/V
+    tiles by TMA multicast (FI_FA3_MCAST in prefill_sm90.cu); such a module serves only even GQA
+    groups (see ``use_multicast``). ``custom_mask``: packed boolean masks (FI_CUSTOM_MASK; a custom
+    mask replaces causality, so such a module is never causal). ``kv_dtype``: None or ``dtype``
+    (16-bit K/V), or fp8 e4m3 / e5m2 at head_dim 64 / 128 (no multicast)."""
     if dtype not in DTYPES:
         raise ValueError(f"fa3 prefill supports bfloat16/float16, got {dtype}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if kv_dtype != dtype and (kv_dtype not in FP8_KV or head_dim not in FP8_HEAD_DIMS or multicast):
+        raise ValueError(f"fa3 prefill takes k/v of q's dtype, or fp8 e4m3/e5m2 at head_dim {FP8_HEAD_DIMS} "
+                         f"without multicast; got {kv_dtype} at head_dim {head_dim}, multicast={multicast}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"fa3 prefill supports head_dim {HEAD_DIMS}, got {head_dim}")
     if multicast and head_dim != MULTICAST_HEAD_DIM:
@@ -143,7 +159,8 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
         defines["FI_FA3_VARIANT"] = str(VARIANT)
     return KernelSpec(
         name=(f"prefill_sm90_{layout}_{tag(dtype)}_d{head_dim}_{mask}{'_softcap' if softcap else ''}"
-              + ("_mc" if multicast else "") + (f"_v{VARIANT}" if VARIANT is not None else "")),
+              + ("_mc" if multicast else "") + (f"_kv{tag(kv_dtype)}" if kv_dtype != dtype else "")
+              + (f"_v{VARIANT}" if VARIANT is not None else "")),
         sources=(_HERE / "prefill_sm90.cu",),
         arch=arch,
         defines={
@@ -154,10 +171,12 @@ def prefill_sm90_spec(dtype: torch.dtype, head_dim: int, causal: bool, arch, pag
             "FI_SOFTCAP": "1" if softcap else "0",
             **({"FI_CUSTOM_MASK": "1"} if custom_mask else {}),
             **({"FI_FA3_MCAST": "1"} if multicast else {}),
+            **({"FI_KV_FP8": str(FP8_KV[kv_dtype])} if kv_dtype != dtype else {}),
             **defines,
         },
         entries=(PAGED_ENTRY if paged else RAGGED_ENTRY,),
         cutlass=True,
         package="fi_attention",
-        spill_budget=MASK_SPILL_BUDGET.get((head_dim, softcap), 0) if custom_mask else 0,
+        spill_budget=max(MASK_SPILL_BUDGET.get((head_dim, softcap), 0) if custom_mask else 0,
+                         FP8_SPILL_BUDGET[(softcap, custom_mask)] if kv_dtype != dtype else 0),
     )
