@@ -40,11 +40,8 @@ def supports(*, head_dim_qk: int, head_dim_vo: int, dtype: torch.dtype, kv_dtype
         return f"fa3 supports head_dim {HEAD_DIMS}, got {head_dim_qk}"
     if dtype not in DTYPES:
         return f"fa3 supports q dtype bfloat16/float16, got {dtype}"
-    if kv_dtype is not None and kv_dtype != dtype:
-        if kv_dtype not in FP8_KV:
-            return f"fa3 needs k/v dtype == q dtype ({dtype}) or float8_e4m3fn/e5m2, got {kv_dtype}"
-        if head_dim_qk not in FP8_HEAD_DIMS:
-            return f"fa3 takes fp8 k/v at head_dim {FP8_HEAD_DIMS}, got {head_dim_qk}"
+    if kv_dtype is not None and (why := _kv_dtype_reason(kv_dtype, dtype, head_dim_qk)):
+        return why
     if pos_encoding_mode not in (None, "NONE"):
         return f"fa3 supports pos_encoding_mode='NONE' only, got {pos_encoding_mode!r}"
     if paged and _page_size_reason(head_dim_qk, page_size):
@@ -79,13 +76,21 @@ def unsupported_reason(facts: dict) -> Optional[str]:
     )
 
 
-def _kv_dtype_ok(name: str, kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -> None:
+def _kv_dtype_reason(kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -> Optional[str]:
+    """Why fa3 cannot take k/v of ``kv_dtype`` beside q of ``dtype`` (None: it can)."""
     if kv_dtype == dtype:
-        return
+        return None
     if kv_dtype not in FP8_KV:
-        raise InputTypeError(f"{name} must be {dtype} like q, or float8_e4m3fn/e5m2, got {kv_dtype}")
+        return f"fa3 needs k/v dtype == q dtype ({dtype}) or float8_e4m3fn/e5m2, got {kv_dtype}"
     if head_dim not in FP8_HEAD_DIMS:
-        raise UnsupportedError(f"fa3 takes fp8 k/v at head_dim {FP8_HEAD_DIMS}, got {head_dim}")
+        return f"fa3 takes fp8 k/v at head_dim {FP8_HEAD_DIMS}, got {head_dim}"
+    return None
+
+
+def _kv_dtype_ok(name: str, kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -> None:
+    why = _kv_dtype_reason(kv_dtype, dtype, head_dim)
+    if why:
+        raise (InputTypeError if kv_dtype not in FP8_KV else UnsupportedError)(f"{name}: {why}")
 
 
 def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
@@ -154,9 +159,10 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dtype = q.dtype
     if dtype not in DTYPES:
         raise InputTypeError(f"q must be bfloat16 or float16, got {dtype}")
+    _check_nhd("q", q, dtype)
     kv_dtype = k.dtype
-    _kv_dtype_ok("k", kv_dtype, dtype, q.shape[-1] if q.dim() == 3 else 0)
-    for name, t, dt in (("q", q, dtype), ("k", k, kv_dtype), ("v", v, kv_dtype), ("out", out, dtype)):
+    _kv_dtype_ok("k", kv_dtype, dtype, q.shape[-1])
+    for name, t, dt in (("k", k, kv_dtype), ("v", v, kv_dtype), ("out", out, dtype)):
         _check_nhd(name, t, dt)
     nnz_q, hq, d = q.shape
     nnz_kv, hkv, dk = k.shape
