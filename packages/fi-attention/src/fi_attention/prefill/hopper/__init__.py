@@ -88,9 +88,11 @@ def _kv_dtype_reason(kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -
 
 
 def _kv_dtype_ok(name: str, kv_dtype: torch.dtype, dtype: torch.dtype, head_dim: int) -> None:
-    why = _kv_dtype_reason(kv_dtype, dtype, head_dim)
+    if kv_dtype != dtype and kv_dtype not in FP8_KV:
+        raise InputTypeError(f"{name} must be {dtype} like q, or float8_e4m3fn/e5m2, got {kv_dtype}")
+    why = _kv_dtype_reason(kv_dtype, dtype, head_dim)  # what remains: the head dims fp8 is built for
     if why:
-        raise (InputTypeError if kv_dtype not in FP8_KV else UnsupportedError)(f"{name}: {why}")
+        raise UnsupportedError(why)
 
 
 def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
