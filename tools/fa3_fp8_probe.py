@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The fa3 fp8-K/V GPU tests called directly, one line per case (PASS / FAIL with the error), with
-no pytest prebuild fixtures: those build every module of their files, minutes on a fresh machine,
-where this builds only what the cases load. Run from the repository root on an sm_90 GPU:
+"""The fa3 fp8-K/V GPU tests (and fa2's fp8 widening and v_scale cases) called directly, one line
+per case (PASS / FAIL with the error), with no pytest prebuild fixtures: those build every module of
+their files, minutes on a fresh machine, where this builds only what the cases load. Run from the
+repository root on an sm_90 GPU:
 
     python3 tools/fa3_fp8_probe.py          # every case
     python3 tools/fa3_fp8_probe.py quick    # exactness, persistent many-tile and page-16 cases
@@ -50,6 +51,14 @@ def cases():
         out.append((f"wrapper single {dt} {kv} {be}",
                     lambda dt=dt, kv=kv, be=be: g.test_single_prefill_fp8_kv_with_scales(dt, kv, be)))
     out.append(("wrapper paged fa3", lambda: g.test_paged_fp8_kv("fa3")))
+    out += [(f"fa2 exact {a}", lambda a=a: g.test_fa2_fp8_widening_is_exact(*a))
+            for a in _params(g.test_fa2_fp8_widening_is_exact)]
+    for dt, kv in ((torch.bfloat16, E4), (torch.float16, E5)):
+        out.append((f"fa2 wrapper single {dt} {kv}", lambda dt=dt, kv=kv: g.test_single_prefill_fp8_kv_with_scales(
+            dt, kv, "fa2")))
+    out.append(("fa2 wrapper paged", lambda: g.test_paged_fp8_kv("fa2")))
+    out.append(("fa2 paged split + merge, d 256 e4m3, v_scale",
+                lambda: g.test_paged_custom_mask("fa2", 256, E4, 7)))
     return out
 
 
@@ -62,7 +71,7 @@ def main():
         del args[i:i + 2]
     todo = cases()
     if args == ["quick"]:
-        todo = [c for c in todo if c[0].startswith(("exact", "persistent", "paged 16 NHD"))]
+        todo = [c for c in todo if c[0].startswith(("exact", "persistent", "paged 16 NHD", "fa2"))]
     fails = 0
     for name, fn in todo:
         t = time.time()

@@ -50,6 +50,9 @@ def _test_specs(arch):
     specs += [fa2_spec(bf, 128, 128, False, arch, **{k: True}) for k in ("custom_mask", "softcap", "alibi", "rope")]
     specs += [fa2_spec(dt, a, b, False, arch) for dt in (bf, f16) for a, b in ((64, 64), (256, 256), (192, 128))]
     specs += [fa2_spec(f16, 128, 128, False, arch), fa2_spec(f16, 128, 128, False, arch, kv_dtype=torch.float8_e5m2)]
+    specs += [fa2_spec(dt, d, d, False, arch, kv_dtype=kv) for dt, kv, d in (  # the widening's exactness
+        (bf, torch.float8_e5m2, 128), (f16, torch.float8_e4m3fn, 128), (f16, torch.float8_e5m2, 64),
+        (bf, torch.float8_e4m3fn, 256), (bf, torch.float8_e5m2, 64))]
     specs += [fa2_spec(bf, a, b, False, arch, rope=True) for a, b in ((64, 64), (192, 128))]
     specs += [fa2_spec(bf, 64, 64, True, arch)]  # cascade test
     specs += [fa2_spec(bf, 256, 256, True, arch)]
@@ -221,6 +224,27 @@ def test_single_prefill_fp8_kv_with_scales(dtype, kv_dtype, backend):
     ref, ref_lse = attention_reference(q, k8, v8, causal=True, k_scale=0.5, v_scale=2.0, return_lse=True)
     _close(out, ref, dtype)
     testing.assert_close(lse, ref_lse, **LSE_TOL)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,d", [
+    (torch.bfloat16, torch.float8_e4m3fn, 128), (torch.bfloat16, torch.float8_e5m2, 128),
+    (torch.float16, torch.float8_e4m3fn, 128), (torch.float16, torch.float8_e5m2, 64),
+    (torch.bfloat16, torch.float8_e4m3fn, 256), (torch.bfloat16, torch.float8_e5m2, 64)])
+def test_fa2_fp8_widening_is_exact(dtype, kv_dtype, d):
+    """One key: every query's output is that key's V row (P = 1 exactly), so fa2's widening of every
+    finite fp8 byte must equal torch's bit for bit; with scale_v = 2 the output is twice that."""
+    hkv = 256 // d  # the 256 byte values over the heads of one V row
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = torch.where(torch.isfinite(codes.view(kv_dtype).float()), codes, torch.zeros_like(codes))
+    v = codes[torch.randperm(256, generator=testing.generator(71))].reshape(1, hkv, d).view(kv_dtype).cuda()
+    k = testing.randn((1, hkv, d), dtype, "cuda", seed=72).to(kv_dtype)
+    q = testing.randn((40, 2 * hkv, d), dtype, "cuda", seed=73)  # 80 packed rows: not the short kernel
+    want = v.to(dtype).repeat_interleave(2, dim=1).expand(40, -1, -1)
+    out = single_prefill_with_kv_cache(q, k, v, backend="fa2")
+    bad = out != want  # by value: -0 comes out as +0 (the accumulator starts at +0)
+    assert not bad.any(), f"{bad.sum().item()} of {out.numel()} differ, e.g. {out[bad][:4]} for {want[bad][:4]}"
+    out = single_prefill_with_kv_cache(q, k, v, backend="fa2", scale_v=2.0)
+    assert torch.equal(out, want * 2)
 
 
 def _lens(batch, seed):

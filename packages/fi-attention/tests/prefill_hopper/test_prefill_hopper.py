@@ -564,6 +564,22 @@ def test_fp8_kv_widening_is_exact(dtype, d, kv_dtype):
     assert not bad.any(), f"{bad.sum().item()} of {out.numel()} values differ, e.g. {out[bad][:4]} for {want[bad][:4]}"
 
 
+def test_entries_match_the_launchers():
+    """The argument codes the loader binds are the C launchers' parameter lists, in order (a missing
+    or swapped argument would be read as garbage, not rejected)."""
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from fi_attention.prefill.hopper.spec import PAGED_ENTRY, RAGGED_ENTRY  # noqa: PLC0415
+
+    src = (Path(hopper.__file__).parent / "prefill_sm90.cu").read_text()
+    codes = {"const void*": "ptr", "void*": "ptr", "int64_t": "i64", "float": "f32", "cudaStream_t": "stream"}
+    for entry in (RAGGED_ENTRY, PAGED_ENTRY):
+        params = re.search(rf"FI_EXPORT int {entry.name}\((.*?)\)\s*\{{", src, re.S).group(1)
+        types = [re.sub(r"\s+", " ", p.strip()).rsplit(" ", 1)[0].replace(" *", "*") for p in params.split(",")]
+        assert tuple(codes[t] for t in types) == entry.args, entry.name
+
+
 def test_paged_page_size_rule():
     assert supports(**_facts(paged=True, page_size=16)) is None
     assert supports(**_facts(paged=True, page_size=256)) is None

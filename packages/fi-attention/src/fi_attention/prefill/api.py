@@ -173,14 +173,12 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     lse = torch.empty((lq, hq), dtype=torch.float32, device=q.device) if return_lse else None
     cap = options.soft_cap(logits_soft_cap)
     rs, rt = options.rope_options(rope_scale, rope_theta)
-    args = (out, lse, q, k, v, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, scale,
+    args = (out, lse, q, k, v, packed_custom_mask, bool(causal), kv_layout, pos_encoding_mode, scale, v_mul,
             int(window_left), cap, rs, rt, backend)
     if torch.compiler.is_compiling():
         torch.ops.fi_attention.single_prefill(*args)  # traced path: an opaque custom op
     else:
         _single_prefill_core(*args)
-    if v_mul != 1.0:
-        out.mul_(v_mul)
     return (out, lse) if return_lse else out
 
 
@@ -190,9 +188,10 @@ def single_prefill_with_kv_cache_return_lse(q, k, v, *args, **kwargs):
     return single_prefill_with_kv_cache(q, k, v, *args, **kwargs)
 
 
-def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale,
+def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale, v_scale,
                          window_left, soft_cap, rope_scale, rope_theta, backend) -> None:
-    """Destination-passing core of single prefill (validated inputs): choose a backend, run it."""
+    """Destination-passing core of single prefill (validated inputs): choose a backend, run it.
+    ``v_scale`` multiplies the output (in the kernels' epilogues)."""
     kn = k if kv_layout == "NHD" else k.transpose(0, 1)
     vn = v if kv_layout == "NHD" else v.transpose(0, 1)
     lq, hq, dqk = q.shape
@@ -207,7 +206,7 @@ def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_
         o, ref_lse = attention_reference(q, kn, vn, causal=causal, sm_scale=scale, logits_soft_cap=soft_cap or None,
                                          window_left=window_left, pos_encoding_mode=pos_encoding_mode,
                                          rope_scale=rope_scale, rope_theta=rope_theta, custom_mask=mask,
-                                         return_lse=True)
+                                         v_scale=v_scale if v_scale != 1.0 else None, return_lse=True)
         out.copy_(o)
         if lse is not None:
             lse.copy_(ref_lse)
@@ -218,7 +217,7 @@ def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_
         q=q, k=kn, v=vn, out=out, lse=lse, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=dqk,
         head_dim_vo=dvo, max_qo_len=lq, k_strides=(0, kn.stride(0), kn.stride(1)),
         v_strides=(0, vn.stride(0), vn.stride(1)), qo_len=lq, kv_len=lkv, causal=causal,
-        window_left=window_left, sm_scale=scale, logits_soft_cap=soft_cap,
+        window_left=window_left, sm_scale=scale, v_scale=v_scale, logits_soft_cap=soft_cap,
         pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
         packed_mask=packed_mask)
     if choice.name == "fa2":
@@ -235,13 +234,13 @@ def _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_
 @torch.library.custom_op("fi_attention::single_prefill", mutates_args=("out", "lse"))
 def _single_prefill_op(out: torch.Tensor, lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, packed_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
-                       pos_encoding_mode: str, scale: float, window_left: int, soft_cap: float,
+                       pos_encoding_mode: str, scale: float, v_scale: float, window_left: int, soft_cap: float,
                        rope_scale: float, rope_theta: float, backend: str) -> None:
-    _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale,
+    _single_prefill_core(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale, v_scale,
                          window_left, soft_cap, rope_scale, rope_theta, backend)
 
 
 @_single_prefill_op.register_fake
-def _(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale, window_left, soft_cap,
+def _(out, lse, q, k, v, packed_mask, causal, kv_layout, pos_encoding_mode, scale, v_scale, window_left, soft_cap,
       rope_scale, rope_theta, backend) -> None:
     return None

@@ -33,7 +33,8 @@ INT_PARAMS = (
     "NUM_QO_HEADS", "NUM_KV_HEADS", "CAUSAL", "WINDOW_LEFT", "WORK_INDPTR", "NUM_CTAS",
     "MERGE", "MERGE_COUNT", "NUM_MERGE_CTAS",
 )
-FLOAT_PARAMS = ("SCALE_LOG2", "SOFTCAP_PRE", "SOFTCAP_POST", "SM_SCALE", "ROPE_RCP_SCALE", "ROPE_LOG2_THETA")
+FLOAT_PARAMS = ("SCALE_LOG2", "SOFTCAP_PRE", "SOFTCAP_POST", "SM_SCALE", "ROPE_RCP_SCALE", "ROPE_LOG2_THETA",
+                "OUT_SCALE")
 _IP = {n: i for i, n in enumerate(INT_PARAMS)}
 _FP = {n: i for i, n in enumerate(FLOAT_PARAMS)}
 LOG2E = 1.4426950408889634
@@ -71,6 +72,7 @@ class PrefillCall:
     causal: bool = False
     window_left: int = -1
     sm_scale: float = 1.0
+    v_scale: float = 1.0                         # multiplies the output (in the kernels' epilogues)
     logits_soft_cap: float = 0.0
     pos_encoding_mode: str = "NONE"
     rope_scale: float = 1.0
@@ -218,6 +220,7 @@ def run_fa2(c: PrefillCall) -> None:
     fp[_FP["SCALE_LOG2"]] = c.sm_scale * LOG2E
     fp[_FP["ROPE_RCP_SCALE"]] = 1.0 / c.rope_scale
     fp[_FP["ROPE_LOG2_THETA"]] = math.log2(c.rope_theta)
+    fp[_FP["OUT_SCALE"]] = c.v_scale
     if softcap:
         fp[_FP["SOFTCAP_PRE"]] = c.sm_scale / c.logits_soft_cap
         fp[_FP["SOFTCAP_POST"]] = c.logits_soft_cap * LOG2E

@@ -16,11 +16,14 @@
 //   FI_CUSTOM_MASK,
 //   FI_SOFTCAP, FI_ALIBI, FI_ROPE (Llama RoPE on Q/K tiles in shared memory), FI_KV_FP8 + FI_KV_T.
 #include "fi/common.cuh"
+#include "fi/fp8_widen.cuh"
 #include "fi/mask_bits.cuh"
 #include "fi/math.cuh"
 #include "fi/mma.cuh"
 #include "fi/pipeline.cuh"
 #include "fi/vec.cuh"
+
+#include <type_traits>
 
 namespace {
 
@@ -65,7 +68,7 @@ enum IntParam {
 };
 enum FloatParam {
   FP_SCALE_LOG2, FP_SOFTCAP_PRE, FP_SOFTCAP_POST, FP_SM_SCALE, FP_ROPE_RCP_SCALE, FP_ROPE_LOG2_THETA,
-  FP_COUNT
+  FP_OUT_SCALE, FP_COUNT
 };
 
 struct Params {
@@ -84,6 +87,7 @@ struct Params {
   float sm_scale;
   float rope_rcp_scale;  // 1 / rope_scale
   float rope_log2_theta; // log2(rope_theta)
+  float out_scale;       // multiplies o (the caller's v_scale; 1: none), not the fp32 partials
 };
 
 // Work item: req, kv head, packed_row_start, kv_start, kv_end, partial slot (-1: write o directly).
@@ -244,22 +248,17 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Params& p, cons
 
 #if FI_KV_FP8
 // Widen a raw fp8 tile (KN rows x RAW chunks of 16 elements, unswizzled) to T in the swizzled
-// layout the mma fragments read (CH = 2 * RAW chunks of 8 elements per row).
+// layout the mma fragments read (CH = 2 * RAW chunks of 8 elements per row); exact, and for bf16
+// four integer / FMA-pipe instructions per pair (fi/fp8_widen.cuh) instead of fp32 round trips.
 template <int RAW, int CH>
 __device__ __forceinline__ void widen_tile(const uint8_t* raw, uint8_t* dst) {
 #pragma unroll 1
   for (int i = threadIdx.x; i < KN * RAW; i += NT) {
     const int row = i / RAW, c = i % RAW;
     const uint4 v = *reinterpret_cast<const uint4*>(raw + (row * RAW + c) * 16);
-    const KVT* e = reinterpret_cast<const KVT*>(&v);
-    uint4 lo, hi;
-    T* a = reinterpret_cast<T*>(&lo);
-    T* b = reinterpret_cast<T*>(&hi);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      a[j] = fi::from_float<T>(fi::to_float(e[j]));
-      b[j] = fi::from_float<T>(fi::to_float(e[8 + j]));
-    }
+    constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+    constexpr bool kE5m2 = std::is_same<KVT, __nv_fp8_e5m2>::value;
+    const uint4 lo = fi::widen_fp8x8<kBf16, kE5m2>(v.x, v.y), hi = fi::widen_fp8x8<kBf16, kE5m2>(v.z, v.w);
     *reinterpret_cast<uint4*>(dst + (row * CH + fi::swizzle_chunk(row, 2 * c)) * 16) = lo;
     *reinterpret_cast<uint4*>(dst + (row * CH + fi::swizzle_chunk(row, 2 * c + 1)) * 16) = hi;
   }
@@ -601,7 +600,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
   }
   fi::cp_async_wait<0>();  // nothing may be in flight when the CTA moves on (empty ranges load Q only)
 
-  // Epilogue: normalise, write o (or the fp32 partial) and the base-2 LSE.
+  // Epilogue: normalise (o times out_scale), write o (or the unscaled fp32 partial) and the base-2 LSE.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -609,7 +608,7 @@ __device__ __forceinline__ void attend_item(const Params& p, const int* w, uint8
       float lt = l[mt][h];
       lt += __shfl_xor_sync(0xffffffffu, lt, 1);
       lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const float inv = lt > 0.f ? (slot < 0 ? p.out_scale : 1.f) * (1.f / lt) : 0.f;
       const float lse = lt > 0.f ? m[mt][h] * kXScale + fi::log2_approx(lt) : fi::kNegInf;
       const int local = warp * WARP_M + mt * 16 + g + 8 * h;
       const int pr = row_start + local;
@@ -676,7 +675,7 @@ __global__ void __launch_bounds__(kMergeThreads) prefill_fa2_merge_kernel(const 
       acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
       den += wgt;
     }
-    const float inv = den > 0.f ? 1.f / den : 0.f;
+    const float inv = den > 0.f ? p.out_scale * (1.f / den) : 0.f;
     const int hq = kvh * G + (pr - qi * G);
     T* dst = p.o + (int64_t)(r.qo_start + qi) * p.o_sn + (int64_t)hq * p.o_sh + c;
 #pragma unroll
@@ -725,6 +724,7 @@ Params make_params(const int64_t* ip, const double* fp) {
   p.sm_scale = (float)fp[FP_SM_SCALE];
   p.rope_rcp_scale = (float)fp[FP_ROPE_RCP_SCALE];
   p.rope_log2_theta = (float)fp[FP_ROPE_LOG2_THETA];
+  p.out_scale = (float)fp[FP_OUT_SCALE];
   return p;
 }
 

@@ -288,7 +288,7 @@ class _BatchPrefillBase:
             call.schedule = self._schedule
         RUNNERS[self._choice.name](call)
 
-    def _reference_rows(self, q, get_kv, out, lse, k_scale=1.0):
+    def _reference_rows(self, q, get_kv, out, lse, k_scale=1.0, v_scale=1.0):
         qo_ind = np.concatenate([[0], np.cumsum(self._qo_lens.numpy())])
         for b in range(len(self._qo_lens)):
             a, e = int(qo_ind[b]), int(qo_ind[b + 1])
@@ -302,7 +302,8 @@ class _BatchPrefillBase:
             o, ref_lse = attention_reference(q[a:e], kk, vv, causal=self._causal, sm_scale=self._sm_scale * k_scale,
                                              logits_soft_cap=self._soft_cap or None, window_left=self._window_left,
                                              pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
-                                             rope_theta=self._rope_theta, custom_mask=mask, return_lse=True)
+                                             rope_theta=self._rope_theta, custom_mask=mask,
+                                             v_scale=v_scale if v_scale != 1.0 else None, return_lse=True)
             out[a:e] = o
             if lse is not None:
                 lse[a:e] = ref_lse
@@ -490,7 +491,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
             return_lse: bool = False, enable_pdl=None):
         """``q [nnz_qo, H_qo, D_qk]`` over the cache -> ``out [nnz_qo, H_qo, D_vo]`` (+ ``lse``).
-        ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the output."""
+        ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the output (in the kernel's
+        epilogue: no extra pass over ``out``)."""
         out, lse = self._check_q_out(q, out, lse, return_lse, enable_pdl)
         self._note_capture()
         kv = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
@@ -509,7 +511,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         if q.device.type == "cpu":
             self._reference_rows(
                 q, lambda b: gather_paged_kv(paged_kv_cache, self._kv_indptr_host, self._kv_indices_host,
-                                             self._last_host, b, self._kv_layout), out, lse, k_scale=ks)
+                                             self._last_host, b, self._kv_layout), out, lse, k_scale=ks,
+                v_scale=vs)
         else:
             self._launch(PrefillCall(
                 q=q, k=kv.k, v=kv.v, out=out, lse=lse, num_qo_heads=self._num_qo_heads,
@@ -518,12 +521,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                 k_strides=kv.k_strides, v_strides=kv.v_strides, paged=True, page_size=self._page_size,
                 qo_indptr=self._qo_indptr_dev, kv_indptr=self._kv_indptr_dev, kv_indices=self._kv_indices_dev,
                 kv_last_page_len=self._last_dev, causal=self._causal, window_left=self._window_left,
-                sm_scale=self._sm_scale * ks, logits_soft_cap=self._soft_cap,
+                sm_scale=self._sm_scale * ks, v_scale=vs, logits_soft_cap=self._soft_cap,
                 pos_encoding_mode=self._pos_encoding_mode, rope_scale=self._rope_scale,
                 rope_theta=self._rope_theta, packed_mask=self._mask, mask_indptr=self._mask_indptr,
                 work_pairs=self._work_pairs))
-        if vs != 1.0:
-            out.mul_(vs)
         return (out, lse) if return_lse else out
 
     def run_return_lse(self, q, paged_kv_cache, **kw):

@@ -113,7 +113,7 @@ def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
 def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                qo_indptr: Optional[torch.Tensor], kv_indptr: Optional[torch.Tensor],
                out: torch.Tensor, lse: Optional[torch.Tensor], *, causal: bool, sm_scale: float,
-               logits_soft_cap: Optional[float] = None, window_left: int = -1,
+               logits_soft_cap: Optional[float] = None, window_left: int = -1, v_scale: float = 1.0,
                max_qo_len: int, batch_size: int, work_pairs: Optional[int] = None,
                packed_mask: Optional[torch.Tensor] = None, mask_indptr: Optional[torch.Tensor] = None) -> None:
     """Ragged prefill attention on Hopper, written into ``out`` (and ``lse``).
@@ -124,7 +124,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``[nnz_q, H_qo, D]`` bfloat16/float16, last dim contiguous (token/head strides are read).
     k, v : torch.Tensor
         ``[nnz_kv, H_kv, D]``, q's dtype or (head_dim 64 / 128) both fp8 e4m3 / e5m2, widened in
-        the kernel (dequantisation scales stay with the caller); ``H_qo`` a multiple of ``H_kv``.
+        the kernel (k_scale goes into ``sm_scale``, v_scale is ``v_scale``); ``H_qo`` a multiple
+        of ``H_kv``.
     qo_indptr, kv_indptr : torch.Tensor or None
         Device int32 ``[batch_size + 1]``. Both None = one request (``q`` and ``k`` whole).
     out : torch.Tensor
@@ -139,6 +140,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         > 0: logits ``cap * tanh(sm_scale * q.k / cap)`` (tanh.approx, ~2^-11 relative).
     window_left : int
         Sliding window: query ``i`` also needs ``j >= i + kv_len - qo_len - window_left``; -1 = off.
+    v_scale : float
+        Multiplies the output, in the kernel's epilogue (the LSE does not depend on it).
     max_qo_len, batch_size : int
         Host ints: the longest request's query count (an upper bound is fine) and the batch.
     work_pairs : int, optional
@@ -218,7 +221,7 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             nnz_q, nnz_kv, hq, hkv,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1),
-            batch_size, int(max_qo_len), float(sm_scale), cap,
+            batch_size, int(max_qo_len), float(sm_scale), cap, float(v_scale),
             -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
             knobs.fa3_ctas(), current_stream(q.device))
 
@@ -249,7 +252,7 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
               out: torch.Tensor, lse: Optional[torch.Tensor], *, k_strides: tuple[int, int, int],
               v_strides: tuple[int, int, int], page_size: int, causal: bool, sm_scale: float,
-              logits_soft_cap: Optional[float] = None, window_left: int = -1,
+              logits_soft_cap: Optional[float] = None, window_left: int = -1, v_scale: float = 1.0,
               max_qo_len: int, batch_size: int, num_kv_heads: Optional[int] = None,
               packed_mask: Optional[torch.Tensor] = None, mask_indptr: Optional[torch.Tensor] = None,
               work_pairs: Optional[int] = None) -> None:
@@ -257,8 +260,10 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
 
     Parameters
     ----------
-    q, out, lse, causal, sm_scale, logits_soft_cap, window_left, max_qo_len, batch_size, packed_mask, mask_indptr
-        As in :func:`run_ragged` (``qo_indptr`` is required, and so is ``mask_indptr`` with a mask).
+    q, out, lse, causal, sm_scale, logits_soft_cap, window_left, v_scale, max_qo_len, batch_size
+        As in :func:`run_ragged` (``qo_indptr`` is required).
+    packed_mask, mask_indptr : torch.Tensor, optional
+        As in :func:`run_ragged`; ``mask_indptr`` is required with a mask.
     k_cache, v_cache : torch.Tensor
         The two halves of the cache, pages first (``[num_pages, ...]``, NHD or HND), q's dtype or
         (head_dim 64 / 128) fp8 e4m3 / e5m2, as in :func:`run_ragged`.
@@ -334,7 +339,7 @@ def run_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_
             kv_indices.data_ptr(), kv_last_page_len.data_ptr(), out.data_ptr(),
             0 if lse is None else lse.data_ptr(), nnz_q, k_cache.shape[0], page_size, hq, hkv,
             q.stride(0), q.stride(1), *map(int, k_strides), *map(int, v_strides), out.stride(0), out.stride(1),
-            batch_size, int(max_qo_len), float(sm_scale), cap,
+            batch_size, int(max_qo_len), float(sm_scale), cap, float(v_scale),
             -1 if window_left is None or window_left < 0 else int(window_left), *_mask_ptrs(packed_mask, mask_indptr),
             knobs.fa3_ctas(), current_stream(q.device))
 
@@ -389,9 +394,10 @@ def run(call) -> None:
                   call.out, call.lse, k_strides=tuple(call.k_strides), v_strides=tuple(call.v_strides),
                   page_size=int(call.page_size), causal=bool(call.causal), sm_scale=float(call.sm_scale),
                   logits_soft_cap=softcap, window_left=getattr(call, "window_left", -1),
-                  max_qo_len=max_qo, batch_size=batch, num_kv_heads=call.num_kv_heads, work_pairs=pairs, **mask)
+                  v_scale=float(getattr(call, "v_scale", 1.0)), max_qo_len=max_qo, batch_size=batch,
+                  num_kv_heads=call.num_kv_heads, work_pairs=pairs, **mask)
         return
     run_ragged(call.q, call.k, call.v, qo_indptr, kv_indptr, call.out, call.lse,
                causal=bool(call.causal), sm_scale=float(call.sm_scale), logits_soft_cap=softcap,
-               window_left=getattr(call, "window_left", -1), max_qo_len=max_qo, batch_size=batch,
-               work_pairs=pairs, **mask)
+               window_left=getattr(call, "window_left", -1), v_scale=float(getattr(call, "v_scale", 1.0)),
+               max_qo_len=max_qo, batch_size=batch, work_pairs=pairs, **mask)

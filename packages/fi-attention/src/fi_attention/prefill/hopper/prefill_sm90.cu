@@ -49,6 +49,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "fi/common.cuh"
+#include "fi/fp8_widen.cuh"
 #include "fi/mask_bits.cuh"
 #include "fi/math.cuh"
 
@@ -116,7 +117,7 @@ constexpr int kBlockN = kHeadDim <= 128 ? 128 : 80;    // d=256: 80 keeps Q + 2x
 // of 3 stages and the same lead as 16-bit caches); producer warp 0 issues the loads, warps 1-3
 // widen each tile as it lands (see widen_tile for why in place is safe). The consumers are
 // unchanged. Widening is exact for every finite value (each e4m3 / e5m2 value is a bf16 and an
-// fp16 value, see widen2); k_scale and v_scale stay with the caller (softmax scale, output).
+// fp16 value, see fi/fp8_widen.cuh); k_scale stays with the caller (in sm_scale), v_scale is out_scale.
 // Measured (session 47, H100, paged 16 x 2048 page 16 causal 32/8 d128 over an e4m3 cache, in
 // turns): 1599-1620 us against fa2's 2357-2411 (x1.48) and fa3 over bf16's 1111-1148; without the
 // widening's loads, conversion and stores (A/B bit 8192, wrong results) 1060-1066.
@@ -311,6 +312,7 @@ struct Params {
   int heads_outer;  // 1: map dims (d, token, head, page) (HND caches); 0: (d, head, token, page)
   float scale_log2;  // sm_scale * log2(e): softmax in base 2 (soft cap: cap * log2(e))
   float softcap_pre; // soft cap: sm_scale / cap, applied before tanh
+  float out_scale;   // multiplies O in the epilogue (the caller's v_scale; 1: none)
   const uint8_t* mask;     // custom mask modules: packed bits, request b's from byte mask_indptr[b]
   const int* mask_indptr;  // NULL: one request (single prefill), its bits from byte 0
 };
@@ -444,40 +446,6 @@ FI_DEVICE uint32_t pack2(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Two fp8 values (bytes 0-1 of w, or 2-3 with kHigh) widened to the Q dtype, exactly for every
-// finite value. fp16: e5m2 is the high byte of an fp16; e4m3 takes one hardware conversion per
-// pair. bf16 has no such conversion, and the route through fp16 and fp32 (four conversions per
-// pair on a quarter-rate unit) was the widening's limiter. Instead: prmt in its sign-replicating
-// mode puts each byte in the low byte of its half and the byte's sign in every bit of the high
-// byte; one mask keeps the 7 magnitude bits and the one sign bit that the left shift then carries
-// to bit 15, which leaves a bf16 whose exponent bias is 120 (e4m3) / 112 (e5m2) short, and one
-// exact multiply by 2^120 / 2^112 rebiases it (fp8 subnormals enter as bf16 subnormals: sm_90 bf16
-// arithmetic keeps them). Four instructions per pair, two of them (the shift as IMAD.SHL, the
-// multiply) on the FMA pipe. fp8 NaN / Inf (a corrupt cache) widen to finite values on this path.
-template <bool kHigh>
-FI_DEVICE uint32_t widen2(uint32_t w) {
-#if !FI_DTYPE_BF16
-#if FI_KV_FP8 == 2
-  return __byte_perm(w, 0, kHigh ? 0x3424 : 0x1404);  // each byte in the high byte of its half
-#else
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(kHigh ? w >> 16 : w & 0xffffu),
-                                                    __NV_E4M3);
-  return uint32_t(hr.x) | (uint32_t(hr.y) << 16);
-#endif
-#else
-  uint32_t u;  // (__byte_perm ignores the selectors' sign-replicate bit)
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(u) : "r"(w), "n"(kHigh ? 0xB3A2 : 0x9180));
-#if FI_KV_FP8 == 2
-  const uint32_t mag = (u & 0x047F047Fu) << 5, rebias = 0x77807780u;  // bf16 2^112
-#else
-  const uint32_t mag = (u & 0x087F087Fu) << 4, rebias = 0x7B807B80u;  // bf16 2^120
-#endif
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(mag), "r"(rebias));
-  return r;
-#endif
-}
-
 FI_DEVICE uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -486,12 +454,13 @@ FI_DEVICE uint4 lds128(uint32_t addr) {
 FI_DEVICE void sts128(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
-// Eight fp8 values (two words) widened: one 16-byte chunk of 16-bit elements.
+// Eight fp8 values (two words) widened exactly to the Q dtype: one 16-byte chunk of 16-bit
+// elements (fi/fp8_widen.cuh: four instructions per bf16 pair, no conversion unit).
 FI_DEVICE uint4 widen8(uint32_t a, uint32_t b) {
 #if FI_FA3_VARIANT & 4096
   return make_uint4(a, a >> 16, b, b >> 16);  // A/B timing only (wrong results): no conversion
 #endif
-  return make_uint4(widen2<false>(a), widen2<true>(a), widen2<false>(b), widen2<true>(b));
+  return fi::widen_fp8x8<FI_DTYPE_BF16 != 0, FI_KV_FP8 == 2>(a, b);
 }
 
 // Widen one fp8 tile in place: its raw rows (kHeadDim bytes each, unswizzled, as TMA lands them at
@@ -1083,7 +1052,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
       tot[i] = quad_sum(sum[i]);
-      inv[i] = tot[i] > 0.f ? 1.f / tot[i] : 0.f;
+      inv[i] = tot[i] > 0.f ? p.out_scale * (1.f / tot[i]) : 0.f;  // a reciprocal, not a division
     }
     Element* o_tile = p.o + int64_t(head) * p.o_head + int64_t(q_row) * p.o_tok;
     CUTE_UNROLL
@@ -1362,7 +1331,7 @@ inline int max_active_pairs(int dev) {
 // Fills the fields shared by both entries and launches a 1-D grid of persistent CTAs.
 inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const void* kv_indptr,
                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t o_tok, int64_t o_head, int64_t batch,
-                  int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
+                  int64_t max_qo_len, float sm_scale, float softcap, float out_scale, int64_t window_left,
                   const void* mask, const void* mask_indptr, int64_t max_ctas, cudaStream_t stream) {
   if (kCustomMask != (mask != nullptr)) return cudaErrorInvalidValue;  // wrong module for the call
   p.mask = static_cast<const uint8_t*>(mask);
@@ -1379,6 +1348,7 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
   if (kSoftcap != (softcap > 0.f)) return cudaErrorInvalidValue;  // wrong module for the call
   p.scale_log2 = kSoftcap ? softcap * fi::kLog2e : sm_scale * fi::kLog2e;
   p.softcap_pre = kSoftcap ? sm_scale / softcap : 0.f;
+  p.out_scale = out_scale;
   // A window of 2^30 keys covers any sequence of up to 2^30 keys; clamping keeps the kernel's int
   // column bounds (row + diag - window - column in mask_tile) from overflowing.
   p.window_left = window_left < 0 ? -1 : int(std::min<int64_t>(window_left, int64_t(1) << 30));
@@ -1415,13 +1385,14 @@ inline int launch(Params& p, void* o, void* lse, const void* qo_indptr, const vo
 // q [nnz_q, Hq, D], k/v [nnz_kv, Hkv, D], o [nnz_q, Hq, D] with the given token/head strides (in
 // elements; the Python runner checks 16-byte alignment of pointers and strides). lse [nnz_q, Hq]
 // fp32 contiguous or NULL. qo_indptr / kv_indptr: device int32 [batch + 1], or both NULL for a
-// single request (batch 1) of max_qo_len queries and nnz_kv keys.
+// single request (batch 1) of max_qo_len queries and nnz_kv keys. v_scale multiplies o (in the
+// epilogue's normalisation; the LSE does not depend on it).
 FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v, const void* qo_indptr,
                                      const void* kv_indptr, void* o, void* lse, int64_t nnz_q, int64_t nnz_kv,
                                      int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                      int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, int64_t o_tok,
                                      int64_t o_head, int64_t batch, int64_t max_qo_len, float sm_scale,
-                                     float softcap, int64_t window_left, const void* mask,
+                                     float softcap, float v_scale, int64_t window_left, const void* mask,
                                      const void* mask_indptr, int64_t max_ctas, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
@@ -1439,22 +1410,22 @@ FI_EXPORT int fi_prefill_sm90_ragged(const void* q, const void* k, const void* v
   p.single_qo_len = int(max_qo_len);
   p.single_kv_len = int(nnz_kv);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, mask, mask_indptr, max_ctas, stream);
+                sm_scale, softcap, v_scale, window_left, mask, mask_indptr, max_ctas, stream);
 }
 #else
 // Paged K/V: k/v are the halves of a cache with element strides (page, token, head), pages
 // [num_pages] of page_size tokens; kv_indptr [batch + 1] indexes kv_indices (page ids),
 // last_page_len [batch]. page_size must divide the KV tile (128 for d <= 128) and be a multiple of
-// 8, or be a multiple of the tile (checked by the runner).
+// 8, or be a multiple of the tile (checked by the runner). The other arguments as in the ragged entry.
 FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v, const void* qo_indptr,
                                     const void* kv_indptr, const void* kv_indices, const void* last_page_len,
                                     void* o, void* lse, int64_t nnz_q, int64_t num_pages, int64_t page_size,
                                     int64_t num_qo_heads, int64_t num_kv_heads, int64_t q_tok, int64_t q_head,
                                     int64_t k_page, int64_t k_tok, int64_t k_head, int64_t v_page, int64_t v_tok,
                                     int64_t v_head, int64_t o_tok, int64_t o_head, int64_t batch,
-                                    int64_t max_qo_len, float sm_scale, float softcap, int64_t window_left,
-                                    const void* mask, const void* mask_indptr, int64_t max_ctas,
-                                    cudaStream_t stream) {
+                                    int64_t max_qo_len, float sm_scale, float softcap, float v_scale,
+                                    int64_t window_left, const void* mask, const void* mask_indptr,
+                                    int64_t max_ctas, cudaStream_t stream) {
   using namespace fi_hopper;
   if (batch <= 0 || max_qo_len <= 0) return cudaSuccess;
   const bool tile_in_page = page_size % kBlockN == 0;
@@ -1477,6 +1448,6 @@ FI_EXPORT int fi_prefill_sm90_paged(const void* q, const void* k, const void* v,
   p.last_page_len = static_cast<const int*>(last_page_len);
   p.page_size = int(page_size);
   return launch(p, o, lse, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, o_tok, o_head, batch, max_qo_len,
-                sm_scale, softcap, window_left, mask, mask_indptr, max_ctas, stream);
+                sm_scale, softcap, v_scale, window_left, mask, mask_indptr, max_ctas, stream);
 }
 #endif

@@ -25,7 +25,7 @@ RAGGED_ENTRY = Entry(
     ("ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr",  # q k v qo_indptr kv_indptr o lse
      "i64", "i64", "i64", "i64",                        # nnz_q nnz_kv num_qo_heads num_kv_heads
      "i64", "i64", "i64", "i64", "i64", "i64", "i64", "i64",  # q/k/v/o token and head strides
-     "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "i64", "i64", "f32", "f32", "f32", "i64",          # batch max_qo_len sm_scale softcap v_scale window_left
      "ptr", "ptr",                                      # mask mask_indptr (custom-mask modules; else NULL)
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
@@ -37,7 +37,7 @@ PAGED_ENTRY = Entry(
      "i64", "i64", "i64", "i64",                        # num_qo_heads num_kv_heads q strides (token, head)
      "i64", "i64", "i64", "i64", "i64", "i64",          # k/v strides (page, token, head)
      "i64", "i64",                                      # o strides
-     "i64", "i64", "f32", "f32", "i64",                 # batch max_qo_len sm_scale softcap window_left
+     "i64", "i64", "f32", "f32", "f32", "i64",          # batch max_qo_len sm_scale softcap v_scale window_left
      "ptr", "ptr",                                      # mask mask_indptr (custom-mask modules; else NULL)
      "i64", "stream"),                                  # max_ctas (FI_FA3_CTAS knob) stream
 )
