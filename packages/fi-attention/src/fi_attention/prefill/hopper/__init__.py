@@ -124,8 +124,8 @@ def run_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``[nnz_q, H_qo, D]`` bfloat16/float16, last dim contiguous (token/head strides are read).
     k, v : torch.Tensor
         ``[nnz_kv, H_kv, D]``, q's dtype or (head_dim 64 / 128) both fp8 e4m3 / e5m2, widened in
-        the kernel (k_scale goes into ``sm_scale``, v_scale is ``v_scale``); ``H_qo`` a multiple
-        of ``H_kv``.
+        the kernel (the caller folds k_scale into ``sm_scale`` and passes ``v_scale``); ``H_qo`` a
+        multiple of ``H_kv``.
     qo_indptr, kv_indptr : torch.Tensor or None
         Device int32 ``[batch_size + 1]``. Both None = one request (``q`` and ``k`` whole).
     out : torch.Tensor
