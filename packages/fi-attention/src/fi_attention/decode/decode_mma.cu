@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "fi/common.cuh"
+#include "fi/fp8_widen.cuh"
 #include "fi/math.cuh"
 #include "fi/pipeline.cuh"
 #include "fi/vec.cuh"
@@ -251,21 +252,14 @@ __device__ __forceinline__ void to_pairs(const Raw<N * int(sizeof(KVT))>& r, uin
   if constexpr (!KV8) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) out[i] = r.w[i];
-  } else if constexpr (std::is_same_v<KVT, __nv_fp8_e5m2>) {
-    // e5m2 is the high byte of an f16 (same exponent bias, mantissa cut to 2 bits): one byte
-    // permute per pair, exact for every value, no conversion unit (sm_80 has no fp8 cvt).
+  } else {
+    // fi/fp8_widen.cuh to f16: e5m2 by one byte permute per pair, e4m3 by the paired cvt (one
+    // instruction on sm_89+); exact for every finite value.
+    constexpr bool kE5m2 = std::is_same_v<KVT, __nv_fp8_e5m2>;
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-      out[2 * i] = __byte_perm(r.w[i], 0u, 0x1404u);      // bytes {0, b0, 0, b1}
-      out[2 * i + 1] = __byte_perm(r.w[i], 0u, 0x3424u);  // bytes {0, b2, 0, b3}
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {  // cvt.rn.f16x2.e4m3x2: one instruction per pair on sm_89+
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] & 0xffffu), __NV_E4M3);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r.w[i] >> 16), __NV_E4M3);
-      out[2 * i] = uint32_t(lo.x) | (uint32_t(lo.y) << 16);
-      out[2 * i + 1] = uint32_t(hi.x) | (uint32_t(hi.y) << 16);
+      out[2 * i] = fi::widen_fp8x2<false, kE5m2, false>(r.w[i]);
+      out[2 * i + 1] = fi::widen_fp8x2<false, kE5m2, true>(r.w[i]);
     }
   }
 }

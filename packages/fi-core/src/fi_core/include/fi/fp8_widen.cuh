@@ -1,5 +1,6 @@
 // Exact widening of packed fp8 (e4m3 / e5m2) values to bf16 / fp16, for kernels that stage fp8
-// K/V caches and feed 16-bit tensor-core instructions (fa2's and fa3's prefill).
+// K/V caches and feed 16-bit tensor-core instructions (fa2's and fa3's prefill, the tensor-core
+// decode kernel).
 #pragma once
 
 #include <cuda_fp8.h>
