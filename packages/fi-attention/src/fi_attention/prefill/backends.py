@@ -73,9 +73,11 @@ BACKENDS = (
 def _specs(arch):
     """Representative modules for precompile and the compile check: fa2 ragged, paged and paged
     with an fp8 e4m3 cache, and on sm_90a the fa3 ragged and paged causal d128 kernels, with K/V
-    multicast (even GQA groups) and without, the paged one over an fp8 e4m3 cache, and its ragged
+    multicast (even GQA groups) and without, the paged one over an fp8 e4m3 cache, its ragged
     d128 custom-mask kernels without and with a soft cap (so the compile check holds them to
-    their spill budgets)."""
+    their spill budgets), and the paged causal d256 kernel (its own tile shape, producer and
+    register budget: a shared helper that only held at d <= 128 once kept every d256 module
+    from compiling, unseen by a check that built d128 only)."""
     specs = [fa2_spec(torch.bfloat16, 128, 128, False, arch),
              fa2_spec(torch.bfloat16, 128, 128, True, arch),
              fa2_spec(torch.bfloat16, 128, 128, True, arch, kv_dtype=torch.float8_e4m3fn)]
@@ -87,6 +89,7 @@ def _specs(arch):
         specs += [prefill_sm90_spec(torch.bfloat16, 128, False, arch, custom_mask=True, softcap=cap)
                   for cap in (False, True)]
         specs += [prefill_sm90_spec(torch.bfloat16, 128, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)]
+        specs += [prefill_sm90_spec(torch.bfloat16, 256, True, arch, paged=True)]
     return specs
 
 
