@@ -726,6 +726,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         ++q_it;
         if (!keys) continue;
         const int kv_head = w.head / p.group_size;
+#if FI_PAGED
+        // The spread producer's page arithmetic, once per work tile (kSpread, below).
+        [[maybe_unused]] const int sp_boxes = kBlockN / min(p.page_size, kBlockN);
+        [[maybe_unused]] const int sp_page_tiles = max(1, p.page_size / kBlockN);
+        [[maybe_unused]] const int sp_last_page = fi::ceil_div(w.kv_len, p.page_size) - 1;
+#endif
         for (int n = w.n_end - 1; n >= w.n_start; --n, ++kv_it) {
           const int s = kv_it % kStages;
           const uint32_t empty_phase = ((kv_it / kStages) & 1) ^ 1;
@@ -775,14 +781,23 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           // last page; they are masked anyway.
           auto page_id = [&](int key) { return p.kv_indices[w.kv_start + min(key / p.page_size, num_pages - 1)]; };
           if constexpr (kSpread) {
-            // With boxes > 1 every box starts a page; with one box the tile is a slice of a page.
-            const int in_page = (n * kBlockN) % p.page_size;
+            // With boxes > 1 every box starts a page and KV tile n holds pages n * boxes .. n *
+            // boxes + boxes - 1 of the request; with one box the tile is a slice of page n /
+            // (page_size / kBlockN). A sum and a clamp per box, not a division by the runtime page
+            // size per box and tile: tools/ab_fa3.py against the division form (H100, paired medians
+            // of 9 rounds, prefill_fa3_ab_session49_page_index.json): paged x1.034, pages in order
+            // x1.039, page 128 x1.013, ragged (same code) x1.009. The page ids stay loaded right
+            // before the waits: loading tile n - 1's under tile n's V wait measured the same.
+            const int first = sp_boxes > 1 ? n * sp_boxes : n / sp_page_tiles;
+            const int in_page = sp_boxes > 1 ? 0 : (n - first * sp_page_tiles) * kBlockN;
             const int c1 = p.heads_outer ? in_page : kv_head;
             const int c2 = p.heads_outer ? kv_head : in_page;
             int pg[kBoxesPerWarp];  // this warp's page ids, loaded before the waits
             CUTE_UNROLL
-            for (int i = 0; i < kBoxesPerWarp; ++i)
-              pg[i] = pwarp + 4 * i < boxes ? page_id(n * kBlockN + (pwarp + 4 * i) * box_rows) : 0;
+            for (int i = 0; i < kBoxesPerWarp; ++i) {
+              const int j = pwarp + 4 * i;
+              pg[i] = j < sp_boxes ? p.kv_indices[w.kv_start + min(first + j, sp_last_page)] : 0;
+            }
             // K first (its stage frees earlier), then V. Warp 0 owns the expect_tx. Another
             // warp's boxes may land before it: the phase cannot complete before that arrive
             // (count 1), and the transaction count may go negative meanwhile. K and V are written
@@ -793,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             CUTE_UNROLL
             for (int i = 0; i < kBoxesPerWarp; ++i) {
               const int j = pwarp + 4 * i;
-              if (j < boxes) {
+              if (j < sp_boxes) {
                 Element* k_dst = &ss.k[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
                 if (mc)
                   tma_load_4d_mc(k_dst + rank * kBlockN * kBoxCols, &p.tma_k, &ss.full_k[s], 3, rank * kBoxCols, c1, c2,
@@ -808,7 +823,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             CUTE_UNROLL
             for (int i = 0; i < kBoxesPerWarp; ++i) {
               const int j = pwarp + 4 * i;
-              if (j < boxes) {
+              if (j < sp_boxes) {
                 Element* v_dst = &ss.v[s * kBlockN * kHeadDim + j * box_rows * kBoxCols];
                 if (mc)
                   tma_load_4d_mc(v_dst + rank * kBlockN * kBoxCols, &p.tma_v, &ss.full_v[s], 3, rank * kBoxCols, c1, c2,

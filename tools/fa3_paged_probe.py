@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The fa3 paged-KV GPU tests of test_prefill_hopper.py called directly, one line per case (PASS /
+FAIL with the error), with no pytest prebuild fixture (which builds every module of the file, ~40,
+where these cases load 14): every page size and layout of test_paged, the other head dims (64, 256),
+the fp8 paged cases, and the paged cases of the persistent-CTA and multicast tests. Run from the
+repository root on an sm_90 GPU:
+
+    python3 tools/fa3_paged_probe.py
+
+Exit status 1 when a case fails.
+"""
+import itertools
+import sys
+import time
+import traceback
+
+from fa3_fp8_probe import _load, _params
+
+
+def cases():
+    h = _load("tph", "packages/fi-attention/tests/prefill_hopper/test_prefill_hopper.py")
+    out = [(f"paged {ps} {lay} causal={c}", lambda ps=ps, lay=lay, c=c: h.test_paged(ps, lay, c))
+           for (ps, lay), c in itertools.product(_params(h.test_paged), (True, False))]
+    out += [(f"paged d, page, layout {a}", lambda a=a: h.test_paged_other_head_dims(*a))
+            for a in _params(h.test_paged_other_head_dims)]
+    out += [(f"fp8 paged {ps} {lay} {kv} causal={c}",
+             lambda ps=ps, lay=lay, kv=kv, c=c: h.test_fp8_kv_paged(ps, lay, kv, c))
+            for (ps, lay, kv), c in itertools.product(_params(h.test_fp8_kv_paged), (True, False))]
+    out += [(f"persistent {c}", lambda c=c: h.test_persistent_many_tiles_per_cta(c))
+            for c in _params(h.test_persistent_many_tiles_per_cta) if "page_size" in c]
+    out += [(f"multicast {c}", lambda c=c: h.test_multicast_matches_single_cta(c))
+            for c in _params(h.test_multicast_matches_single_cta) if "page_size" in c]
+    return out
+
+
+def main():
+    todo = cases()
+    fails = 0
+    for name, fn in todo:
+        t = time.time()
+        try:
+            fn()
+            print(f"PASS {name} [{time.time() - t:.1f}s]", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every case, then fail at the end
+            fails += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:600]}", flush=True)
+            traceback.print_exc(limit=3)
+    print(f"{len(todo) - fails} passed, {fails} failed")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
