@@ -72,6 +72,11 @@ def main():
     todo = cases()
     if args == ["quick"]:
         todo = [c for c in todo if c[0].startswith(("exact", "persistent", "paged 16 NHD", "fa2"))]
+    return run(todo)
+
+
+def run(todo) -> int:
+    """Call each (name, fn) case, print PASS / FAIL per case and a count; 1 when any failed."""
     fails = 0
     for name, fn in todo:
         t = time.time()

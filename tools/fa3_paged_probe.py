@@ -11,10 +11,8 @@ Exit status 1 when a case fails.
 """
 import itertools
 import sys
-import time
-import traceback
 
-from fa3_fp8_probe import _load, _params
+from fa3_fp8_probe import _load, _params, run
 
 
 def cases():
@@ -34,19 +32,7 @@ def cases():
 
 
 def main():
-    todo = cases()
-    fails = 0
-    for name, fn in todo:
-        t = time.time()
-        try:
-            fn()
-            print(f"PASS {name} [{time.time() - t:.1f}s]", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every case, then fail at the end
-            fails += 1
-            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:600]}", flush=True)
-            traceback.print_exc(limit=3)
-    print(f"{len(todo) - fails} passed, {fails} failed")
-    return 1 if fails else 0
+    return run(cases())
 
 
 if __name__ == "__main__":
