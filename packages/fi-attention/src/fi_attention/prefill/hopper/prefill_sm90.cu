@@ -785,8 +785,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             // boxes + boxes - 1 of the request; with one box the tile is a slice of page n /
             // (page_size / kBlockN). A sum and a clamp per box, not a division by the runtime page
             // size per box and tile: tools/ab_fa3.py against the division form (H100, paired medians
-            // of 9 rounds, prefill_fa3_ab_session49_page_index.json): paged x1.034, pages in order
-            // x1.039, page 128 x1.013, ragged (same code) x1.009. The page ids stay loaded right
+            // of 7 rounds, prefill_fa3_ab_session49_page_index_committed.json): paged x1.039, pages in
+            // order x1.028, page 128 x1.030, ragged (same code) x1.000. The page ids stay loaded right
             // before the waits: loading tile n - 1's under tile n's V wait measured the same.
             const int first = sp_boxes > 1 ? n * sp_boxes : n / sp_page_tiles;
             const int in_page = sp_boxes > 1 ? 0 : (n - first * sp_page_tiles) * kBlockN;
