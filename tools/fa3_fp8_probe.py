@@ -21,38 +21,38 @@ import torch
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def _load(name, path):
+def load_module(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _params(fn):
+def params_of(fn):
     """The argument tuples of a test's (single) parametrize mark."""
     return [mk.args[1] for mk in fn.pytestmark if mk.name == "parametrize"][0]
 
 
 def cases():
-    h = _load("tph", "packages/fi-attention/tests/prefill_hopper/test_prefill_hopper.py")
-    g = _load("tpg", "packages/fi-attention/tests/prefill/test_prefill_gpu.py")
+    h = load_module("tph", "packages/fi-attention/tests/prefill_hopper/test_prefill_hopper.py")
+    g = load_module("tpg", "packages/fi-attention/tests/prefill/test_prefill_gpu.py")
     out = [(f"exact {a}", lambda a=a: h.test_fp8_kv_widening_is_exact(*a))
-           for a in _params(h.test_fp8_kv_widening_is_exact)]
+           for a in params_of(h.test_fp8_kv_widening_is_exact)]
     out += [(f"ragged {kv} causal={c}", lambda kv=kv, c=c: h.test_fp8_kv_ragged(kv, c))
             for kv, c in itertools.product((E4, E5), (True, False))]
     paged = [(16, "NHD", E4), (8, "HND", E4), (128, "NHD", E5), (256, "HND", E4), (16, "NHD_pad", E5)]
     out += [(f"paged {ps} {lay} {kv} causal={c}",
              lambda ps=ps, lay=lay, kv=kv, c=c: h.test_fp8_kv_paged(ps, lay, kv, c))
             for (ps, lay, kv), c in itertools.product(paged, (True, False))]
-    out += [(f"features {c}", lambda c=c: h.test_fp8_kv_features(c)) for c in _params(h.test_fp8_kv_features)]
+    out += [(f"features {c}", lambda c=c: h.test_fp8_kv_features(c)) for c in params_of(h.test_fp8_kv_features)]
     out += [(f"persistent {c}", lambda c=c: h.test_persistent_many_tiles_per_cta(c))
-            for c in _params(h.test_persistent_many_tiles_per_cta) if "kv_dtype" in c]
+            for c in params_of(h.test_persistent_many_tiles_per_cta) if "kv_dtype" in c]
     for (dt, kv), be in itertools.product(((torch.bfloat16, E4), (torch.float16, E5)), ("fa3", "auto")):
         out.append((f"wrapper single {dt} {kv} {be}",
                     lambda dt=dt, kv=kv, be=be: g.test_single_prefill_fp8_kv_with_scales(dt, kv, be)))
     out.append(("wrapper paged fa3", lambda: g.test_paged_fp8_kv("fa3")))
     out += [(f"fa2 exact {a}", lambda a=a: g.test_fa2_fp8_widening_is_exact(*a))
-            for a in _params(g.test_fa2_fp8_widening_is_exact)]
+            for a in params_of(g.test_fa2_fp8_widening_is_exact)]
     for dt, kv in ((torch.bfloat16, E4), (torch.float16, E5)):
         out.append((f"fa2 wrapper single {dt} {kv}", lambda dt=dt, kv=kv: g.test_single_prefill_fp8_kv_with_scales(
             dt, kv, "fa2")))

@@ -12,22 +12,22 @@ Exit status 1 when a case fails.
 import itertools
 import sys
 
-from fa3_fp8_probe import _load, _params, run
+from fa3_fp8_probe import load_module, params_of, run
 
 
 def cases():
-    h = _load("tph", "packages/fi-attention/tests/prefill_hopper/test_prefill_hopper.py")
+    h = load_module("tph", "packages/fi-attention/tests/prefill_hopper/test_prefill_hopper.py")
     out = [(f"paged {ps} {lay} causal={c}", lambda ps=ps, lay=lay, c=c: h.test_paged(ps, lay, c))
-           for (ps, lay), c in itertools.product(_params(h.test_paged), (True, False))]
+           for (ps, lay), c in itertools.product(params_of(h.test_paged), (True, False))]
     out += [(f"paged d, page, layout {a}", lambda a=a: h.test_paged_other_head_dims(*a))
-            for a in _params(h.test_paged_other_head_dims)]
+            for a in params_of(h.test_paged_other_head_dims)]
     out += [(f"fp8 paged {ps} {lay} {kv} causal={c}",
              lambda ps=ps, lay=lay, kv=kv, c=c: h.test_fp8_kv_paged(ps, lay, kv, c))
-            for (ps, lay, kv), c in itertools.product(_params(h.test_fp8_kv_paged), (True, False))]
+            for (ps, lay, kv), c in itertools.product(params_of(h.test_fp8_kv_paged), (True, False))]
     out += [(f"persistent {c}", lambda c=c: h.test_persistent_many_tiles_per_cta(c))
-            for c in _params(h.test_persistent_many_tiles_per_cta) if "page_size" in c]
+            for c in params_of(h.test_persistent_many_tiles_per_cta) if "page_size" in c]
     out += [(f"multicast {c}", lambda c=c: h.test_multicast_matches_single_cta(c))
-            for c in _params(h.test_multicast_matches_single_cta) if "page_size" in c]
+            for c in params_of(h.test_multicast_matches_single_cta) if "page_size" in c]
     return out
 
 
