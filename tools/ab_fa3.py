@@ -11,11 +11,13 @@ them alike.
 Cases (GQA 32/8, bf16, causal unless named full): single2k / single4k / single8k / single16k, full4k,
 single4k_d256 (head_dim 256), single4k_d64 / single16k_d64 (head_dim 64), ragged (16 x 2048),
 paged (the same batch, page 16, pages in random order), paged_seq (page 16, pages in order),
-paged128 (page 128, random order), paged128_ragged_layout (page 128, pages in order, K and V in two
-tensors: ragged's addresses), mask4k / mask4k_d64 / mask4k_d256 (single L=4096 under a random
-packed custom mask of density 1/2, not causal: the custom_mask_prefill routine's case),
-mask4k_cap (mask4k at head_dim 128 with logits_soft_cap 50: the mask + soft-cap module), paged_cap
-(paged with logits_soft_cap 50: the paged causal soft-cap module).
+paged128 (page 128, random order), paged128_seq (page 128 in order), paged128_ragged_layout (page
+128, pages in order, K and V in two tensors: ragged's addresses), paged_e4m3 (paged over an fp8
+e4m3 cache, scales 1), paged_d256 (paged at head_dim 256; the KV tile is 80 keys there), mask4k /
+mask4k_d64 / mask4k_d256 (single L=4096 under a random packed custom mask of density 1/2, not
+causal: the custom_mask_prefill routine's case), mask4k_cap (mask4k at head_dim 128 with
+logits_soft_cap 50: the mask + soft-cap module), paged_cap (paged with logits_soft_cap 50: the
+paged causal soft-cap module).
 
 BUILD is an integer (the current source with FI_FA3_VARIANT=N, 0 = the default), ``mc`` / ``nomc``
 (the default with / without K/V multicast, whatever FI_FA3_MULTICAST says; under its default,
@@ -78,9 +80,10 @@ def specs_for(build: str, arch, names) -> list:
     bf16 = torch.bfloat16
     need = {"full": any(n.startswith("full") for n in names),
             "causal": any(n.startswith("single") and _head_dim(n) == D or n == "ragged" for n in names),
-            "paged": any(n.startswith("paged") and not n.endswith("_cap") for n in names),
-            "paged_cap": "paged_cap" in names}
-    other_dims = sorted({_head_dim(n) for n in names if not n.startswith("mask")} - {D})
+            "paged": any(n.startswith("paged") and not n.endswith(("_cap", "_e4m3", "_d256")) for n in names),
+            "paged_cap": "paged_cap" in names, "paged_e4m3": "paged_e4m3" in names,
+            "paged_d256": "paged_d256" in names}
+    other_dims = sorted({_head_dim(n) for n in names if not n.startswith(("mask", "paged"))} - {D})
     mask_dims = sorted({_head_dim(n) for n in names if n.startswith("mask") and not n.endswith("_cap")})
     mask_cap = any(n.startswith("mask") and n.endswith("_cap") for n in names)
     from fi_core import knobs  # noqa: PLC0415
@@ -94,6 +97,8 @@ def specs_for(build: str, arch, names) -> list:
             + [make(bf16, D, False, arch, multicast=mc) for mc in mcs] * need["full"]
             + [make(bf16, D, True, arch, paged=True, multicast=mc) for mc in mcs] * need["paged"]
             + [make(bf16, D, True, arch, paged=True, softcap=True)] * need["paged_cap"]
+            + [make(bf16, D, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)] * need["paged_e4m3"]
+            + [make(bf16, 256, True, arch, paged=True)] * need["paged_d256"]
             + [make(bf16, d, True, arch) for d in other_dims]
             + [make(bf16, d, False, arch, custom_mask=True) for d in mask_dims]
             + [make(bf16, D, False, arch, custom_mask=True, softcap=True)] * mask_cap)
@@ -128,12 +133,15 @@ def cases(names, dev):
             def fn(rr, rp, q=q, k=k, v=v, o=o, L=L, causal=causal, d=d):
                 rr(q, k, v, None, None, o, None, causal=causal, sm_scale=d ** -0.5, max_qo_len=L, batch_size=1)
             flops = 4.0 * L * L * HQ * d / (2 if causal else 1)
-        elif name in ("ragged", "paged", "paged_seq", "paged128", "paged128_ragged_layout", "paged_cap"):
+        elif name in ("ragged", "paged", "paged_seq", "paged128", "paged128_seq", "paged128_ragged_layout",
+                      "paged_cap", "paged_e4m3", "paged_d256"):
             # paged: page 16, pages in random order; paged_seq: page 16 in order; paged128: page
-            # 128 in random order (one box per tile half, as ragged); paged128_ragged_layout: page
-            # 128 in order with K and V in two tensors: the bytes and addresses of the ragged case
+            # 128 in random order (one box per tile half, as ragged), paged128_seq in order;
+            # paged128_ragged_layout: page 128 in order with K and V in two tensors: the bytes and
+            # addresses of the ragged case
             batch, L, page = 16, 2048, 128 if name.startswith("paged128") else 16
-            q = testing.randn((batch * L, HQ, D), bf16, dev, seed=4)
+            d = _head_dim(name)
+            q = testing.randn((batch * L, HQ, d), bf16, dev, seed=4)
             o = torch.empty_like(q)
             qo = torch.arange(batch + 1, **i32) * L
             if name == "ragged":
@@ -148,9 +156,11 @@ def cases(names, dev):
                     kc = testing.randn((pages, page, HKV, D), bf16, dev, seed=5)
                     vc = testing.randn((pages, page, HKV, D), bf16, dev, seed=6)
                 else:
-                    cache = testing.randn((pages, 2, page, HKV, D), bf16, dev, seed=7)
+                    cache = testing.randn((pages, 2, page, HKV, d), bf16, dev, seed=7)
+                    if name == "paged_e4m3":
+                        cache = cache.to(torch.float8_e4m3fn)
                     kc, vc = cache[:, 0], cache[:, 1]
-                idx = (torch.arange(pages) if name in ("paged_seq", "paged128_ragged_layout")
+                idx = (torch.arange(pages) if name in ("paged_seq", "paged128_seq", "paged128_ragged_layout")
                        else torch.randperm(pages, generator=testing.generator(0))).to(**i32)
                 kvp = torch.arange(batch + 1, **i32) * (L // page)
                 last = torch.full((batch,), page, **i32)
@@ -158,11 +168,11 @@ def cases(names, dev):
                 cap = SOFTCAP if name.endswith("_cap") else None
 
                 def fn(rr, rp, q=q, kc=kc, vc=vc, o=o, qo=qo, kvp=kvp, idx=idx, last=last, L=L, batch=batch, page=page,
-                       cap=cap):
+                       cap=cap, d=d):
                     rp(q, kc, vc, qo, kvp, idx, last, o, None, k_strides=tuple(kc.stride()[:3]),
-                       v_strides=tuple(vc.stride()[:3]), page_size=page, causal=True, sm_scale=D ** -0.5,
+                       v_strides=tuple(vc.stride()[:3]), page_size=page, causal=True, sm_scale=d ** -0.5,
                        logits_soft_cap=cap, max_qo_len=L, batch_size=batch, num_kv_heads=HKV)
-            flops = batch * 4.0 * L * L * HQ * D / 2
+            flops = batch * 4.0 * L * L * HQ * d / 2
         elif name in ("mask4k", "mask4k_d64", "mask4k_d256", "mask4k_cap"):
             L, d = 4096, _head_dim(name)
             cap = SOFTCAP if name.endswith("_cap") else None

@@ -4,8 +4,10 @@ an fp8 e4m3 one, in turns in one process: fa3 bf16, fa3 e4m3, fa2 e4m3, and fa3 
 (FI_FA3_VARIANT bits; 4096 = no conversion and 8192 = no widening give wrong results and are for
 timing only). SCALES=1 adds fa3 / fa2 e4m3 with k_scale 0.8, v_scale 1.25 passed to run() ("fold":
 the kernels' epilogues apply v_scale) against run() then out.mul_(1.25) ("mul": the pass over the
-output that run() made before session 48). Prints us and TFLOP/s per round; writes
-$OUT/fp8_time.json (default /tmp).
+output that run() made before session 48). ORDER=1 adds, after those, fa3 e4m3 with k_scale 0.8
+alone ("k") and without scales once more ("last"): whether the unscaled row's extra time (sessions
+48-50) follows the logit scale or the row's place right after the bf16 row. Prints us and TFLOP/s
+per round; writes $OUT/fp8_time.json (default /tmp).
 
     ROUNDS=3 VARIANTS=4096,8192 SCALES=1 python3 tools/fa3_fp8_time.py
 """
@@ -39,6 +41,8 @@ def main():
     builds = BUILDS + [("fa3", torch.float8_e4m3fn, v, "") for v in variants]
     if os.environ.get("SCALES") == "1":
         builds += SCALED
+    if os.environ.get("ORDER") == "1":
+        builds += [("fa3", torch.float8_e4m3fn, None, m) for m in ("k", "last")]
     rows = []
     for rnd in range(int(os.environ.get("ROUNDS", "3"))):
         for backend, kv, variant, mode in builds:
@@ -49,6 +53,8 @@ def main():
             cache = caches[kv]
             if mode == "fold":
                 fn = lambda w=w, cache=cache: w.run(q, cache, k_scale=0.8, v_scale=1.25)  # noqa: E731
+            elif mode == "k":
+                fn = lambda w=w, cache=cache: w.run(q, cache, k_scale=0.8)  # noqa: E731
             elif mode == "mul":
                 fn = lambda w=w, cache=cache: w.run(q, cache, k_scale=0.8).mul_(1.25)  # noqa: E731
             else:

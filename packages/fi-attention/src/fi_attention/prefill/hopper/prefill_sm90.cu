@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         if (!keys) continue;
         const int kv_head = w.head / p.group_size;
 #if FI_PAGED
-        // The spread producer's page arithmetic, once per work tile (kSpread, below).
+        // The 16-bit paged producers' page arithmetic, once per work tile (below).
         [[maybe_unused]] const int sp_boxes = kBlockN / min(p.page_size, kBlockN);
         [[maybe_unused]] const int sp_page_tiles = max(1, p.page_size / kBlockN);
         [[maybe_unused]] const int sp_last_page = fi::ceil_div(w.kv_len, p.page_size) - 1;
@@ -745,6 +745,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             uint8_t* k_dst = reinterpret_cast<uint8_t*>(&ss.k[s * kBlockN * kHeadDim]) + kRawBytes;
             uint8_t* v_dst = reinterpret_cast<uint8_t*>(&ss.v[s * kBlockN * kHeadDim]) + kRawBytes;
 #if FI_PAGED
+            // Lane j issues box j. Its page by a division per lane: the sum-and-clamp form of the
+            // 16-bit producers below (sp_*, then live through this loop) ran x0.993 and x0.926 in
+            // turns here (tools/ab_fa3.py paged_e4m3, H100, 7 and 15 rounds,
+            // prefill_fa3_ab_session50_page_index_r7.json / _page_index.json); not kept.
             const int box_rows = min(p.page_size, kBlockN);
             const int boxes = kBlockN / box_rows;
             const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
@@ -773,25 +777,21 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
             continue;
           }
 #if FI_PAGED
-          // Per tile, but derived here: kept live through the loop they made d = 256 spill.
-          const int box_rows = min(p.page_size, kBlockN);
-          const int boxes = kBlockN / box_rows;  // host checks: page_size | kBlockN or kBlockN | page_size
-          const int num_pages = fi::ceil_div(w.kv_len, p.page_size);
-          // Page id of box j (first key `key`). Keys past the request's end (last tile) read its
-          // last page; they are masked anyway.
-          auto page_id = [&](int key) { return p.kv_indices[w.kv_start + min(key / p.page_size, num_pages - 1)]; };
+          const int box_rows = min(p.page_size, kBlockN);  // host checks: page_size | kBlockN or kBlockN | page_size
+          // With sp_boxes > 1 every box starts a page and KV tile n holds pages n * sp_boxes .. n *
+          // sp_boxes + sp_boxes - 1 of the request; with one box the tile is a slice of page n /
+          // (page_size / kBlockN). Keys past the request's end (last tile) read its last page; they
+          // are masked anyway.
+          const int first = sp_boxes > 1 ? n * sp_boxes : n / sp_page_tiles;
+          const int in_page = sp_boxes > 1 ? 0 : (n - first * sp_page_tiles) * kBlockN;
+          const int c1 = p.heads_outer ? in_page : kv_head;
+          const int c2 = p.heads_outer ? kv_head : in_page;
           if constexpr (kSpread) {
-            // With boxes > 1 every box starts a page and KV tile n holds pages n * boxes .. n *
-            // boxes + boxes - 1 of the request; with one box the tile is a slice of page n /
-            // (page_size / kBlockN). A sum and a clamp per box, not a division by the runtime page
-            // size per box and tile: tools/ab_fa3.py against the division form (H100, paired medians
-            // of 7 rounds, prefill_fa3_ab_session49_page_index_committed.json): paged x1.039, pages in
-            // order x1.028, page 128 x1.030, ragged (same code) x1.000. The page ids stay loaded right
+            // A sum and a clamp per box, not a division by the runtime page size per box and tile:
+            // tools/ab_fa3.py against the division form (H100, paired medians of 7 rounds,
+            // prefill_fa3_ab_session49_page_index_committed.json): paged x1.039, pages in order
+            // x1.028, page 128 x1.030, ragged (same code) x1.000. The page ids stay loaded right
             // before the waits: loading tile n - 1's under tile n's V wait measured the same.
-            const int first = sp_boxes > 1 ? n * sp_boxes : n / sp_page_tiles;
-            const int in_page = sp_boxes > 1 ? 0 : (n - first * sp_page_tiles) * kBlockN;
-            const int c1 = p.heads_outer ? in_page : kv_head;
-            const int c2 = p.heads_outer ? kv_head : in_page;
             int pg[kBoxesPerWarp];  // this warp's page ids, loaded before the waits
             CUTE_UNROLL
             for (int i = 0; i < kBoxesPerWarp; ++i) {
@@ -834,18 +834,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
               }
             }
           } else {  // d = 256: warp 0, lane j issues box j; lane 0 does the barrier work
-            const int key0 = n * kBlockN + lane * box_rows;
-            const int in_page = key0 - (key0 / p.page_size) * p.page_size;
-            const int c1 = p.heads_outer ? in_page : kv_head;
-            const int c2 = p.heads_outer ? kv_head : in_page;
-            const int page = lane < boxes ? page_id(key0) : 0;
+            // The page by the same sum and clamp, not a division per lane: x1.107 in turns against
+            // it (tools/ab_fa3.py paged_d256, H100, 15 rounds, prefill_fa3_ab_session50_d256_committed.json).
+            const int page = lane < sp_boxes ? p.kv_indices[w.kv_start + min(first + lane, sp_last_page)] : 0;
             auto load = [&](Element* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty) {
               if (lane == 0) {
                 mbar_wait(empty, empty_phase);
                 mbar_expect_tx(full, kKVBytes);
               }
               __syncwarp();
-              if (lane < boxes) {
+              if (lane < sp_boxes) {
                 Element* dst = &ring[s * kBlockN * kHeadDim + lane * box_rows * kBoxCols];
                 for (int bx = 0; bx < kBoxes; ++bx)
                   tma_load_4d(dst + bx * kBlockN * kBoxCols, map, full, bx * kBoxCols, c1, c2, page);
