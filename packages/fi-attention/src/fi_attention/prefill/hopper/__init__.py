@@ -96,7 +96,7 @@ def _kv_dtype_ok(name: str, kv_dtype: torch.dtype, dtype: torch.dtype, head_dim:
 
 
 def _check_nhd(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
-    # TMA needs 16-byte aligned base addresses and strides; the epilogue stores pairs of elements.
+    # TMA needs 16-byte aligned base addresses and strides; the epilogue stores 16-byte row chunks of o.
     if t.dtype != dtype:
         raise InputTypeError(f"{name} must be {dtype} like q, got {t.dtype}")
     if t.dim() != 3:
