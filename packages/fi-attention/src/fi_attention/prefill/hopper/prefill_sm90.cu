@@ -1081,6 +1081,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
     // layout). A 4 x 4 transpose inside the quad (two shuffle rounds) gives lane q all of chunks
     // q, q + 4, ...: 16-byte stores (the runner checks o's 16-byte alignment), a quarter of the
     // instructions, 64 contiguous bytes per row.
+    // Value v of a lane is row half (v / 2) % 2, column 8 (v / 4) + 2 quad + v % 2, as in mask_tile.
+    static_assert(size(decltype(tOrO){}) == kHeadDim / 2 && kHeadDim % 32 == 0, "wgmma C layout assumed");
     const int quad = tid % 4;
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
