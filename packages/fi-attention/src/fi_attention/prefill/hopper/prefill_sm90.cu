@@ -226,6 +226,10 @@ constexpr bool kQInRegs = kHeadDim <= 128 && !(FI_FA3_VARIANT & 64);
 // turns it off for A/B runs.
 constexpr bool kCrossTile = kPersistent && kQInRegs && !kSoftcap && !(FI_FA3_VARIANT & 1024);
 constexpr int kDescSlots = kCrossTile ? 3 : 2;
+// kQKAhead (with kCrossTile): a tile's second Q K^T is issued before the previous tile's epilogue,
+// which then runs on the CUDA cores while the tensor cores compute it; the KV loop is rotated for
+// it (see the consumers). FI_FA3_VARIANT bit 16384 turns it off for A/B runs.
+constexpr bool kQKAhead = kCrossTile && !(FI_FA3_VARIANT & 16384);
 using QKShape = Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>;
 using TiledMmaQK = decltype(make_tiled_mma(
     std::conditional_t<kQInRegs, decltype(GMMA::rs_op_selector<Element, Element, float, QKShape>()),
@@ -453,6 +457,18 @@ FI_DEVICE uint4 lds128(uint32_t addr) {
 }
 FI_DEVICE void sts128(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+// Global stores under a predicate, with no branch. The epilogue runs between a wgmma issue and
+// its wait (kQKAhead); with its stores branched over, ptxas kept the KV counter, and with it every
+// wgmma descriptor of the consumers, in vector registers (an R2UR before each HGMMA).
+FI_DEVICE void stg128_if(bool pred, void* ptr, uint4 v) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}" ::"r"(int(pred)),
+               "l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+FI_DEVICE void stg32_if(bool pred, float* ptr, float v) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.f32 [%1], %2;\n}" ::"r"(int(pred)), "l"(ptr), "f"(v)
+               : "memory");
 }
 // Eight fp8 values (two words) widened exactly to the Q dtype: one 16-byte chunk of 16-bit
 // elements (fi/fp8_widen.cuh: four instructions per bf16 pair, no conversion unit).
@@ -1060,13 +1076,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
 
   // Normalise O by the row sums and write it and the base-2 LSE of the tile in descriptor slot
   // `slot`. Straight from registers (no smem), so the producer's loads for the next tile proceed
-  // meanwhile. Both warpgroups run it at once, with no GEMM of theirs in flight, so its cost is a
-  // per-work-tile overhead: clock64 stamps per tile (H100, ragged 16 x 2048, session 51) put it at
+  // meanwhile. Both warpgroups run it at once, and without kQKAhead with no GEMM of theirs in
+  // flight, so its cost is a per-work-tile overhead: clock64 stamps per tile (H100, ragged 16 x 2048, session 51) put it at
   // 4100-4200 cycles when each lane stored its 4-byte pairs (16 bytes per row and instruction),
   // 2100 with the 16-byte stores below, 2200 with no O stores at all (a diagnostic build); a work
   // tile costs ~2530 cycles per KV tile plus a fixed part that this cut from ~5500 to ~3650.
   // tools/ab_fa3.py in turns against the pair stores (9 rounds, prefill_fa3_ab_session51_epilogue.json):
-  // ragged x1.077, paged x1.079, single 4k x1.047, single 16k x1.007.
+  // ragged x1.077, paged x1.079, single 4k x1.047, single 16k x1.007. Its stores are predicated,
+  // not branched over (stg*_if), so that it has no divergent branch where kQKAhead places it.
   auto epilogue = [&](int slot, const float (&sum)[2], const float (&mx)[2]) {
     const int* d = ss.tiles[slot];
     const int rows = lds(&d[kDescRows]), q_row = lds(&d[kDescQRow]), head = lds(&d[kDescHead]);
@@ -1108,20 +1125,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
               a[k | m] = got;
           }
         }
-        if (r < rows) {
-          Element* dst = o_tile + int64_t(r) * p.o_tok + 8 * (4 * i + quad);
-          *reinterpret_cast<uint4*>(dst) = make_uint4(a[0], a[1], a[2], a[3]);
-        }
+        stg128_if(r < rows, o_tile + int64_t(r) * p.o_tok + 8 * (4 * i + quad), make_uint4(a[0], a[1], a[2], a[3]));
       }
     }
-    if (p.lse != nullptr && (tid % 4) == 0) {
+    if (p.lse != nullptr) {
       CUTE_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int r = row_in_tile[i];
-        if (r < rows) {
-          const float l = tot[i] > 0.f ? mx[i] * sl2 + fi::log2_approx(tot[i]) : fi::kNegInf;
-          p.lse[int64_t(q_row + r) * p.num_qo_heads + head] = l;
-        }
+        const float l = tot[i] > 0.f ? mx[i] * sl2 + fi::log2_approx(tot[i]) : fi::kNegInf;
+        stg32_if(r < rows && (tid % 4) == 0, p.lse + (int64_t(q_row + r) * p.num_qo_heads + head), l);
       }
     }
   };
@@ -1220,9 +1232,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       warpgroup_fence_operand(tOrO);
       release(&ss.empty_v[sv]);
       convert_p();
-      epilogue(pslot, prev_sum, prev_max);
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+      if constexpr (!kQKAhead) {
+        epilogue(pslot, prev_sum, prev_max);
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+      }
     } else {
       const int s = kv_it % kStages;
       mbar_wait(&ss.full_k[s], (kv_it / kStages) & 1);
@@ -1238,40 +1252,101 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       softmax(rescale);  // O is still zero: its factor is applied to nothing
       convert_p();
     }
-    for (; n > n_start; --n, ++kv_it) {
-      const int s = kv_it % kStages;
-      const int s_next = (kv_it + 1) % kStages;
-      // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
-      mbar_wait(&ss.full_k[s_next], ((kv_it + 1) / kStages) & 1);
-      mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
-      sched_sync();
-      gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
-      // ... O += P(n) V(n) is queued behind it.
-      gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
-      sched_arrive();
+    if constexpr (kQKAhead) {
+      // The previous tile's epilogue, still owed after the cross-tile block above, runs between
+      // this tile's second Q K^T and its first P V, on the CUDA cores while the tensor cores
+      // compute that Q K^T (without it, both warpgroups spent its ~2100 cycles per work tile with
+      // the tensor cores idle). The first P V starts from zero (wgmma scale-d 0), so O needs no
+      // clearing with the Q K^T in flight: ptxas serialises every wgmma of the kernel when
+      // non-wgmma instructions write an accumulator there (C7515). The loop is rotated, each step
+      // issuing the next one's GEMMs at its end, so that every issue reaches the wait at the top
+      // of the next step on every path: a loop that re-tested n > n_start for the early Q K^T
+      // left paths (not taken, but ptxas cannot tell) with it in flight past the loop.
+      const bool owed = kCrossTile && pending;
+      if (n > n_start) {
+        {
+          const int s = kv_it % kStages, s_next = (kv_it + 1) % kStages;
+          mbar_wait(&ss.full_k[s_next], ((kv_it + 1) / kStages) & 1);
+          sched_sync();
+          gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+          sched_arrive();
+          if (owed) epilogue(pslot, prev_sum, prev_max);
+          mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
+          sched_sync();
+          gemm_issue<true, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);  // O = P V: O is not cleared
+          sched_arrive();
+        }
+        for (;;) {
+          const int s = kv_it % kStages;
+          const int s_next = (kv_it + 1) % kStages;
 #if FI_CUSTOM_MASK
-      load_mask(n - 1, mraw);  // under the GEMMs
+          load_mask(n - 1, mraw);  // under the GEMMs
 #endif
-      warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
-      warpgroup_fence_operand(tSrS);
-      release(&ss.empty_k[s_next]);
-      if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
-      if (kSoftcap) apply_softcap();
-      if (needs_mask(n - 1)) mask_tile(n - 1, kCustomMask);
-      softmax(rescale);
-      // Wait for the next P V's V stage here, before the P V wait: the mbarrier poll loop ends
-      // a basic block, and ptxas hoists a wgmma wait (WARPGROUP.DEPBAR) to the top of its block.
-      // Without this the wait for P(n) V(n) sat above the softmax (seen in the SASS), which then
-      // ran after the GEMM instead of under it. tools/ab_fa3.py against that source (H200,
-      // paired medians of 11 rounds): single prefill 4.1-4.7 % faster, the ragged batch 2.6 %.
-      mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);
-      warpgroup_wait<0>();  // P V done: V stage s is free, P registers and O may be rewritten
-      warpgroup_fence_operand(tOrO);
-      release(&ss.empty_v[s]);
-      // O is rescaled here rather than between the Q K^T and P V issues (FA3's order for d = 256):
-      // 1.2-3.0 % faster on every case of tools/ab_fa3.py (paired medians, 11 rounds, H200).
-      rescale_o(rescale);
-      convert_p();
+          warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
+          warpgroup_fence_operand(tSrS);
+          release(&ss.empty_k[s_next]);
+          if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);
+          if (kSoftcap) apply_softcap();
+          if (needs_mask(n - 1)) mask_tile(n - 1, kCustomMask);
+          softmax(rescale);
+          mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);  // see the other loop
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(&ss.empty_v[s]);
+          rescale_o(rescale);
+          convert_p();
+          --n;
+          ++kv_it;
+          if (n == n_start) break;
+          const int t = kv_it % kStages, t_next = (kv_it + 1) % kStages;
+          mbar_wait(&ss.full_k[t_next], ((kv_it + 1) / kStages) & 1);
+          mbar_wait(&ss.full_v[t], (kv_it / kStages) & 1);
+          sched_sync();
+          gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, t_next), tSrS);
+          gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, t), tOrO);
+          sched_arrive();
+        }
+      } else if (owed) {
+        epilogue(pslot, prev_sum, prev_max);
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
+      }
+    } else {
+      for (; n > n_start; --n, ++kv_it) {
+        const int s = kv_it % kStages;
+        const int s_next = (kv_it + 1) % kStages;
+        // S(n-1) = Q K(n-1)^T runs on the tensor cores while ...
+        mbar_wait(&ss.full_k[s_next], ((kv_it + 1) / kStages) & 1);
+        mbar_wait(&ss.full_v[s], (kv_it / kStages) & 1);
+        sched_sync();
+        gemm_issue<true, kQInRegs>(mma_qk, tSrQ, tSrK(_, _, _, s_next), tSrS);
+        // ... O += P(n) V(n) is queued behind it.
+        gemm_issue<false, true>(mma_pv, tOrP, tOrV(_, _, _, s), tOrO);
+        sched_arrive();
+#if FI_CUSTOM_MASK
+        load_mask(n - 1, mraw);  // under the GEMMs
+#endif
+        warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
+        warpgroup_fence_operand(tSrS);
+        release(&ss.empty_k[s_next]);
+        if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // last Q K^T: the next tile's Q may load
+        if (kSoftcap) apply_softcap();
+        if (needs_mask(n - 1)) mask_tile(n - 1, kCustomMask);
+        softmax(rescale);
+        // Wait for the next P V's V stage here, before the P V wait: the mbarrier poll loop ends
+        // a basic block, and ptxas hoists a wgmma wait (WARPGROUP.DEPBAR) to the top of its block.
+        // Without this the wait for P(n) V(n) sat above the softmax (seen in the SASS), which then
+        // ran after the GEMM instead of under it. tools/ab_fa3.py against that source (H200,
+        // paired medians of 11 rounds): single prefill 4.1-4.7 % faster, the ragged batch 2.6 %.
+        mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);
+        warpgroup_wait<0>();  // P V done: V stage s is free, P registers and O may be rewritten
+        warpgroup_fence_operand(tOrO);
+        release(&ss.empty_v[s]);
+        // O is rescaled here rather than between the Q K^T and P V issues (FA3's order for d = 256):
+        // 1.2-3.0 % faster on every case of tools/ab_fa3.py (paired medians, 11 rounds, H200).
+        rescale_o(rescale);
+        convert_p();
+      }
     }
     if constexpr (kCrossTile) {
       pending = true;  // the last P V goes with the next tile's first Q K^T

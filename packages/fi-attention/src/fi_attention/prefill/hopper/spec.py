@@ -124,6 +124,8 @@ MASK_SPILL_BUDGET = {(128, False): 32, (128, True): 56, (256, False): 80, (256, 
 # (16-byte stores after a transpose in each quad of lanes) the paged d = 128 fp8 modules spill 48
 # bytes: the extra 20 are five per-thread constants of the consumer warpgroups, stored once at the
 # kernel's start and reloaded once per work tile (outside the KV loop); ragged 24, soft cap 40.
+# Session 52 (the epilogue under the next tile's second Q K^T, its stores predicated): paged
+# d = 128 28 again, ragged 4, soft cap 44 / 60 (stores / loads); the budget stays at 48.
 # Keyed by (softcap, custom_mask).
 FP8_SPILL_BUDGET = {(False, False): 48, (True, False): 92, (False, True): 32, (True, True): 56}
 
