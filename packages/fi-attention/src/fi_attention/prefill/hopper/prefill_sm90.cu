@@ -462,12 +462,13 @@ FI_DEVICE void sts128(uint32_t addr, uint4 v) {
 // its wait (kQKAhead); with its stores branched over, ptxas kept the KV counter, and with it every
 // wgmma descriptor of the consumers, in vector registers (an R2UR before each HGMMA).
 FI_DEVICE void stg128_if(bool pred, void* ptr, uint4 v) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}" ::"r"(int(pred)),
-               "l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}"
+               ::"r"(int(pred)), "l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
 FI_DEVICE void stg32_if(bool pred, float* ptr, float v) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.f32 [%1], %2;\n}" ::"r"(int(pred)), "l"(ptr), "f"(v)
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.global.f32 [%1], %2;\n}"
+               ::"r"(int(pred)), "l"(ptr), "f"(v)
                : "memory");
 }
 // Eight fp8 values (two words) widened exactly to the Q dtype: one 16-byte chunk of 16-bit
@@ -1077,13 +1078,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
   // Normalise O by the row sums and write it and the base-2 LSE of the tile in descriptor slot
   // `slot`. Straight from registers (no smem), so the producer's loads for the next tile proceed
   // meanwhile. Both warpgroups run it at once, and without kQKAhead with no GEMM of theirs in
-  // flight, so its cost is a per-work-tile overhead: clock64 stamps per tile (H100, ragged 16 x 2048, session 51) put it at
-  // 4100-4200 cycles when each lane stored its 4-byte pairs (16 bytes per row and instruction),
-  // 2100 with the 16-byte stores below, 2200 with no O stores at all (a diagnostic build); a work
-  // tile costs ~2530 cycles per KV tile plus a fixed part that this cut from ~5500 to ~3650.
-  // tools/ab_fa3.py in turns against the pair stores (9 rounds, prefill_fa3_ab_session51_epilogue.json):
-  // ragged x1.077, paged x1.079, single 4k x1.047, single 16k x1.007. Its stores are predicated,
-  // not branched over (stg*_if), so that it has no divergent branch where kQKAhead places it.
+  // flight, so its cost is a per-work-tile overhead: clock64 stamps per tile (H100, ragged 16 x
+  // 2048, session 51) put it at 4100-4200 cycles when each lane stored its 4-byte pairs (16 bytes
+  // per row and instruction), 2100 with the 16-byte stores below, 2200 with no O stores at all (a
+  // diagnostic build); a work tile costs ~2530 cycles per KV tile plus a fixed part that this cut
+  // from ~5500 to ~3650. tools/ab_fa3.py in turns against the pair stores (9 rounds,
+  // prefill_fa3_ab_session51_epilogue.json): ragged x1.077, paged x1.079, single 4k x1.047, single
+  // 16k x1.007. Its stores are predicated, not branched over (stg*_if), so that it has no divergent
+  // branch where kQKAhead places it.
   auto epilogue = [&](int slot, const float (&sum)[2], const float (&mx)[2]) {
     const int* d = ss.tiles[slot];
     const int rows = lds(&d[kDescRows]), q_row = lds(&d[kDescQRow]), head = lds(&d[kDescHead]);
