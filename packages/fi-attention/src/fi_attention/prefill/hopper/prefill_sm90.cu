@@ -230,6 +230,9 @@ constexpr int kDescSlots = kCrossTile ? 3 : 2;
 // which then runs on the CUDA cores while the tensor cores compute it; the KV loop is rotated for
 // it (see the consumers). FI_FA3_VARIANT bit 16384 turns it off for A/B runs.
 constexpr bool kQKAhead = kCrossTile && !(FI_FA3_VARIANT & 16384);
+// kRotatedLoop: the consumers' KV loop issues each step's GEMMs at the end of the step before
+// (needed for kQKAhead; also 2.5 % faster for the soft-cap modules, 2.6 % slower at d = 256).
+constexpr bool kRotatedLoop = kHeadDim <= 128;
 using QKShape = Shape<Int<kBlockM / 2>, Int<kBlockN>, Int<kHeadDim>>;
 using TiledMmaQK = decltype(make_tiled_mma(
     std::conditional_t<kQInRegs, decltype(GMMA::rs_op_selector<Element, Element, float, QKShape>()),
@@ -1254,17 +1257,17 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
       softmax(rescale);  // O is still zero: its factor is applied to nothing
       convert_p();
     }
-    if constexpr (kQKAhead) {
-      // The previous tile's epilogue, still owed after the cross-tile block above, runs between
-      // this tile's second Q K^T and its first P V, on the CUDA cores while the tensor cores
-      // compute that Q K^T (without it, both warpgroups spent its ~2100 cycles per work tile with
-      // the tensor cores idle). The first P V starts from zero (wgmma scale-d 0), so O needs no
-      // clearing with the Q K^T in flight: ptxas serialises every wgmma of the kernel when
-      // non-wgmma instructions write an accumulator there (C7515). The loop is rotated, each step
-      // issuing the next one's GEMMs at its end, so that every issue reaches the wait at the top
-      // of the next step on every path: a loop that re-tested n > n_start for the early Q K^T
-      // left paths (not taken, but ptxas cannot tell) with it in flight past the loop.
-      const bool owed = kCrossTile && pending;
+    if constexpr (kRotatedLoop) {
+      // The KV loop, rotated: each step ends by issuing the next step's GEMMs, so that every issue
+      // reaches the wait at the top of the next step on every path (a loop that re-tested
+      // n > n_start for kQKAhead's early Q K^T left paths, never taken but ptxas cannot tell, with
+      // it in flight past the loop). With kQKAhead the previous tile's epilogue, still owed after
+      // the cross-tile block above, runs between this tile's second Q K^T and its first P V, on the
+      // CUDA cores while the tensor cores compute that Q K^T (without it, both warpgroups spent its
+      // ~2100 cycles per work tile with the tensor cores idle). The first P V starts from zero
+      // (wgmma scale-d 0), so O needs no clearing with the Q K^T in flight: ptxas serialises every
+      // wgmma of the kernel when non-wgmma instructions write an accumulator there (C7515).
+      const bool owed = kQKAhead && pending;
       if (n > n_start) {
         {
           const int s = kv_it % kStages, s_next = (kv_it + 1) % kStages;
@@ -1287,11 +1290,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
           warpgroup_wait<1>();  // S(n-1) ready (K stage s_next read); P V still running
           warpgroup_fence_operand(tSrS);
           release(&ss.empty_k[s_next]);
-          if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);
+          if (!kQInRegs && n - 1 == n_start) mbar_arrive(&ss.empty_q);  // see the loop below
           if (kSoftcap) apply_softcap();
           if (needs_mask(n - 1)) mask_tile(n - 1, kCustomMask);
           softmax(rescale);
-          mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);  // see the other loop
+          mbar_wait(&ss.full_v[s_next], ((kv_it + 1) / kStages) & 1);  // see the loop below
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           release(&ss.empty_v[s]);
@@ -1314,6 +1317,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_sm90_kernel(const __grid_
         for (int v = 0; v < size(tOrO); ++v) tOrO(v) = 0.f;
       }
     } else {
+      // d = 256: the same steps, unrotated. The rotated loop ran single 4k at d = 256 x0.974 and
+      // paged x0.996 (tools/ab_fa3.py in turns, 11 rounds, H100, session 53), soft cap x1.025.
       for (; n > n_start; --n, ++kv_it) {
         const int s = kv_it % kStages;
         const int s_next = (kv_it + 1) % kStages;
