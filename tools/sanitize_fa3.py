@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """One fa3 prefill call (ragged or paged K/V; 2 requests of 100 / 300 tokens, GQA 4/2, head_dim
-64, 128 or 256, causal, bf16 q, bf16 or fp8 e4m3 / e5m2 K/V) with inputs made on the CPU and a CPU
-reference, for compute-sanitizer on the GPU machine.
+64, 128 or 256, causal, bf16 q, bf16 or fp8 e4m3 / e5m2 K/V, optional logits soft cap) with inputs made
+on the CPU and a CPU reference, for compute-sanitizer on the GPU machine.
 
 The GPU tests compare against torch on the GPU, whose cuBLAS kernels drown racecheck's report
 (thousands of hazards in nvjet), and restricting racecheck to our kernel with --kernel-name made the
 sanitizer fail ("Internal Sanitizer Error"). Here no other kernel uses shared memory:
 
-    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged [D [KV]]
+    compute-sanitizer --tool racecheck --racecheck-report all python3 tools/sanitize_fa3.py ragged|paged [D [KV [CAP]]]
     FI_FA3_CTAS=3 compute-sanitizer ...   # 3 persistent CTAs: every CTA walks several tiles
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_fa3.py paged
 
@@ -29,12 +29,17 @@ KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.
 kv_name = sys.argv[3] if len(sys.argv) > 3 else "bf16"
 if kv_name not in KV_DTYPES:
     raise SystemExit(f"k/v dtype: expected one of {sorted(KV_DTYPES)}, found {kv_name!r}")
+CAP = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # logits soft cap; 0 = none
+if not CAP >= 0.0:
+    raise SystemExit(f"soft cap: expected a number >= 0, found {sys.argv[4]!r}")
 lens = [100, 300]
 bf16 = torch.bfloat16
 
 
 def ref(q, k, v, causal):
     s = torch.einsum("qhd,khd->hqk", q.float(), k.float().repeat_interleave(HQ // HKV, 1)) * D ** -0.5
+    if CAP > 0:
+        s = CAP * torch.tanh(s / CAP)
     if causal:
         L, S = q.shape[0], k.shape[0]
         mask = torch.arange(S)[None, :] > torch.arange(L)[:, None] + (S - L)
@@ -53,7 +58,7 @@ indptr = torch.tensor([0, lens[0], tot], dtype=torch.int32)
 out = torch.empty(tot, HQ, D, dtype=bf16, device=dev)
 if mode == "ragged":
     hop.run_ragged(q.to(dev), k.to(dev), v.to(dev), indptr.to(dev), indptr.to(dev), out, None, causal=True,
-                   sm_scale=D ** -0.5, max_qo_len=max(lens), batch_size=2)
+                   sm_scale=D ** -0.5, logits_soft_cap=CAP or None, max_qo_len=max(lens), batch_size=2)
 else:
     page = 16
     pages_per = [-(-n // page) for n in lens]
@@ -75,7 +80,8 @@ else:
     kc, vc = c[:, 0], c[:, 1]
     hop.run_paged(q.to(dev), kc, vc, indptr.to(dev), kv_indptr.to(dev), perm.to(torch.int32).to(dev), last.to(dev),
                   out, None, k_strides=tuple(kc.stride()[:3]), v_strides=tuple(vc.stride()[:3]), page_size=page,
-                  causal=True, sm_scale=D ** -0.5, max_qo_len=max(lens), batch_size=2, num_kv_heads=HKV)
+                  causal=True, sm_scale=D ** -0.5, logits_soft_cap=CAP or None, max_qo_len=max(lens), batch_size=2,
+                  num_kv_heads=HKV)
 got = out.cpu().float()
 err = 0.0
 o = 0
@@ -83,5 +89,5 @@ for n in lens:
     r = ref(q[o:o + n], k[o:o + n], v[o:o + n], True)
     err = max(err, (got[o:o + n] - r).abs().max().item())
     o += n
-print(f"{mode} d={D} kv {kv_name}: max abs err vs CPU reference {err:.3e}")
+print(f"{mode} d={D} kv {kv_name} cap {CAP:g}: max abs err vs CPU reference {err:.3e}")
 sys.exit(0 if err < 3e-2 else 1)
