@@ -74,6 +74,10 @@ def _test_specs(arch):
         specs += [prefill_sm90_spec(bf, 128, True, arch, kv_dtype=torch.float8_e4m3fn),
                   prefill_sm90_spec(f16, 128, True, arch, kv_dtype=torch.float8_e5m2),
                   prefill_sm90_spec(bf, 128, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)]
+        if BACKEND == "fa3":  # the paged cases beyond d = 128 causal, rerun on fa3
+            specs += [prefill_sm90_spec(bf, d, True, arch, paged=True) for d in (64, 256)]
+            specs += [prefill_sm90_spec(bf, 128, False, arch, paged=True),
+                      prefill_sm90_spec(bf, 128, True, arch, paged=True, softcap=True)]
     return specs
 
 

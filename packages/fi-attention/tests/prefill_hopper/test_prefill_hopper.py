@@ -370,15 +370,9 @@ def _run_paged_from_ragged(q, k, v, qo_ind, kv_ind, out, lse, page_size, layout,
 gpu = testing.gpu_only()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _prebuild_variants():
-    """Compiles every module these tests load in one parallel ninja run (12 units) instead of one
-    by one on first use."""
-    if not testing.has_cuda() or torch.cuda.get_device_capability() != (9, 0):
-        return
-    from fi_core import arch_of, build_many
+def _test_specs(a):
+    """Every module these tests load (also read by tools/prebuild_prefill_tests.py)."""
     from fi_attention.prefill.hopper.spec import prefill_sm90_spec
-    a = arch_of(torch.device("cuda"))
     specs = [prefill_sm90_spec(dt, d, c, a) for dt in (BF16, FP16) for d in (128,) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, d, c, a) for d in (64, 256) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, paged=True) for c in (True, False)]
@@ -394,7 +388,17 @@ def _prebuild_variants():
               for p in (False, True)]
     specs += [prefill_sm90_spec(FP16, 128, c, a, kv_dtype=E5M2) for c in (True, False)]
     specs += [prefill_sm90_spec(BF16, 128, c, a, softcap=True, kv_dtype=E4M3) for c in (True, False)]
-    build_many(specs)
+    return specs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuild_variants():
+    """Compiles every module these tests load in one parallel ninja run instead of one by one on
+    first use."""
+    if not testing.has_cuda() or torch.cuda.get_device_capability() != (9, 0):
+        return
+    from fi_core import arch_of, build_many
+    build_many(_test_specs(arch_of(torch.device("cuda"))))
 
 
 def _needs_sm90():
