@@ -52,7 +52,8 @@ def specs_for(arch):
         os.environ["FI_TEST_PREFILL_BACKEND"] = old
     specs.append(prefill_sm90_spec(bf, 64, False, arch, paged=True))  # test_cascade.py on "auto"
     specs += [merge_spec(dt, arch) for dt in (torch.float16, bf, torch.float32)]
-    # tools/sanitize_fa3.py: ragged / paged, d = 64 / 128 / 256, causal, bf16 or fp8 K/V, soft cap
+    # tools/sanitize_fa3.py: ragged / paged, d = 64 / 128 / 256, causal, soft cap (its fp8 K/V
+    # modules are in the prefill_hopper list)
     specs += [prefill_sm90_spec(bf, d, True, arch, paged=p) for d in (64, 128, 256) for p in (False, True)]
     specs += [prefill_sm90_spec(bf, 128, True, arch, softcap=True)]
     unique = {}

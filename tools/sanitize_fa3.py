@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One fa3 prefill call (ragged or paged K/V; 2 requests of 100 / 300 tokens, GQA 4/2, head_dim
-64, 128 or 256, causal, bf16 q, bf16 or fp8 e4m3 / e5m2 K/V, optional logits soft cap) with inputs made
-on the CPU and a CPU reference, for compute-sanitizer on the GPU machine.
+64, 128 or 256, causal, bf16 q, bf16 or fp8 e4m3 / e5m2 K/V, optional logits soft cap) with inputs
+made on the CPU and a CPU reference, for compute-sanitizer on the GPU machine.
 
 The GPU tests compare against torch on the GPU, whose cuBLAS kernels drown racecheck's report
 (thousands of hazards in nvjet), and restricting racecheck to our kernel with --kernel-name made the
@@ -29,7 +29,10 @@ KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.
 kv_name = sys.argv[3] if len(sys.argv) > 3 else "bf16"
 if kv_name not in KV_DTYPES:
     raise SystemExit(f"k/v dtype: expected one of {sorted(KV_DTYPES)}, found {kv_name!r}")
-CAP = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # logits soft cap; 0 = none
+try:
+    CAP = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # logits soft cap; 0 = none
+except ValueError:
+    CAP = float("nan")
 if not CAP >= 0.0:
     raise SystemExit(f"soft cap: expected a number >= 0, found {sys.argv[4]!r}")
 lens = [100, 300]
