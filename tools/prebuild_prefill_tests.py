@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import tarfile
 import time
 from pathlib import Path
@@ -42,14 +41,8 @@ def specs_for(arch):
 
     bf = torch.bfloat16
     specs = list(_test_module(TESTS / "prefill_hopper" / "test_prefill_hopper.py")._test_specs(arch))
-    old = os.environ.get("FI_TEST_PREFILL_BACKEND")
-    for backend in ("fa2", "fa3"):  # the API suite's list depends on the backend it reruns on
-        os.environ["FI_TEST_PREFILL_BACKEND"] = backend
-        specs += _test_module(TESTS / "prefill" / "test_prefill_gpu.py")._test_specs(arch)
-    if old is None:
-        del os.environ["FI_TEST_PREFILL_BACKEND"]
-    else:
-        os.environ["FI_TEST_PREFILL_BACKEND"] = old
+    api = _test_module(TESTS / "prefill" / "test_prefill_gpu.py")
+    specs += [s for backend in ("fa2", "fa3") for s in api._test_specs(arch, backend)]
     specs.append(prefill_sm90_spec(bf, 64, False, arch, paged=True))  # test_cascade.py on "auto"
     specs += [merge_spec(dt, arch) for dt in (torch.float16, bf, torch.float32)]
     # tools/sanitize_fa3.py: ragged / paged, d = 64 / 128 / 256, causal, soft cap (its fp8 K/V

@@ -40,8 +40,9 @@ TOL = {torch.bfloat16: (1.6e-2, 1.6e-2, 8e-3), torch.float16: (3e-3, 3e-3, 1.5e-
 LSE_TOL = dict(atol=2e-3, rtol=1e-3)
 
 
-def _test_specs(arch):
-    """Every fa2 variant these tests launch, so one parallel build (FI_MAX_JOBS) warms them all."""
+def _test_specs(arch, backend=BACKEND):
+    """Every fa2 variant these tests launch, so one parallel build (FI_MAX_JOBS) warms them all,
+    and the fa3 modules they launch on sm_90a when run on `backend`."""
     from fi_attention.prefill.spec import fa2_spec  # noqa: PLC0415
 
     bf, f16 = torch.bfloat16, torch.float16
@@ -74,7 +75,7 @@ def _test_specs(arch):
         specs += [prefill_sm90_spec(bf, 128, True, arch, kv_dtype=torch.float8_e4m3fn),
                   prefill_sm90_spec(f16, 128, True, arch, kv_dtype=torch.float8_e5m2),
                   prefill_sm90_spec(bf, 128, True, arch, paged=True, kv_dtype=torch.float8_e4m3fn)]
-        if BACKEND == "fa3":  # the paged cases beyond d = 128 causal, rerun on fa3
+        if backend == "fa3":  # the paged cases beyond d = 128 causal, rerun on fa3
             specs += [prefill_sm90_spec(bf, d, True, arch, paged=True) for d in (64, 256)]
             specs += [prefill_sm90_spec(bf, 128, False, arch, paged=True),
                       prefill_sm90_spec(bf, 128, True, arch, paged=True, softcap=True)]
