@@ -41,8 +41,9 @@ def routine_table(data: dict) -> str:
         f"{env.get('date', '?')} on {env.get('gpu', '?')} (driver {env.get('driver', '?')}, torch "
         f"{env.get('torch', '?')}); command: `{env.get('command', '?')}`",
         "",
-        "| config | backend | ours (us) | TB/s | %HBM | TFLOP/s | baseline | baseline (us) | speedup | target (us) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | backend | ours (us) | TB/s | %HBM | TFLOP/s | %ceil | baseline | baseline (us) | speedup "
+        "| target (us) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         b = r.get("baseline") or {}
@@ -51,10 +52,13 @@ def routine_table(data: dict) -> str:
             target = f"{r['target_us']} {'met' if r.get('meets_target') else '**missed**'}"
         lines.append("| " + " | ".join([
             r["config"], r.get("backend", ""), fmt(r["ours"]["median_us"]), fmt(r.get("tb_s")),
-            fmt(r.get("pct_of_hbm_peak"), 1), fmt(r.get("tflop_s"), 1), b.get("name", ""),
+            fmt(r.get("pct_of_hbm_peak"), 1), fmt(r.get("tflop_s"), 1), fmt(r.get("pct_of_ceiling"), 1),
+            b.get("name", ""),
             fmt(b.get("median_us")), fmt(r.get("speedup_vs_baseline")), target,
         ]) + " |")
     notes = [r.get("note") for r in data["results"] if r.get("note")]
+    notes += [f"%ceil: of {r['ceiling']['name']} at {r['ceiling']['tflop_s']} TFLOP/s, timed in the same run"
+              for r in data["results"] if r.get("ceiling")]
     if notes:
         lines += ["", *(f"- {n}" for n in dict.fromkeys(notes))]
     return "\n".join(lines)

@@ -83,3 +83,44 @@ def test_host_timers_take_turns_and_summarise_batches(monkeypatch):
     med, low, high = bench.time_host_stats(lambda: None, iters=5, warmup=1, batches=3)
     assert 0 < low <= med <= high
     assert bench.time_host(lambda: None, iters=5, warmup=1) > 0
+
+
+def test_rows_report_the_ceiling_they_name(monkeypatch):
+    """A row that names a ceiling gets % of it, measured once per routine after its rows; a row
+    that names none (or has no FLOPs) gets nothing; ``ceiling=off`` skips the measurement."""
+    import pytest
+
+    calls = []
+    monkeypatch.setitem(bench.CEILINGS, "gemm16", lambda device: calls.append(device) or ("gemm x", 800.0))
+    ours = bench.Timing(100.0, 95.0, 110.0, 30, "graph")
+    rows = [bench.BenchRow("r", "a", ours, flops=6e10, ceiling="gemm16"),
+            bench.BenchRow("r", "b", ours, flops=4e10, ceiling="gemm16"),
+            bench.BenchRow("r", "c", ours, flops=4e10),
+            bench.BenchRow("r", "d", ours, bytes=1e8, ceiling="gemm16")]
+    ceilings = bench.measure_ceilings(rows, bench.RoutineArgs(device="cuda:1"))
+    assert calls == ["cuda:1"] and ceilings == {"gemm16": ("gemm x", 800.0)}
+    m = [r.metrics("NVIDIA H200", ceilings) for r in rows]
+    assert m[0]["tflop_s"] == 600.0 and m[0]["pct_of_ceiling"] == 75.0
+    assert m[0]["ceiling"] == {"name": "gemm x", "tflop_s": 800.0} and m[1]["pct_of_ceiling"] == 50.0
+    assert "pct_of_ceiling" not in m[2] and "pct_of_ceiling" not in m[3]
+    table = bench.format_table(m)
+    assert "%ceil" in table.splitlines()[0] and "75.00" in table
+    assert table.splitlines()[-1] == "%ceil: of gemm x at 800.0 TFLOP/s, same run"
+    assert bench.measure_ceilings(rows, bench.RoutineArgs(options={"ceiling": "off"})) == {}
+    assert calls == ["cuda:1"]
+    with pytest.raises(KeyError, match="unknown ceiling 'gemm8'"):
+        bench.measure_ceilings([bench.BenchRow("r", "e", ours, flops=1.0, ceiling="gemm8")], bench.RoutineArgs())
+
+
+def test_run_routine_measures_the_ceiling_after_the_rows(monkeypatch):
+    order = []
+
+    def fn(args):
+        order.append("row")
+        yield bench.BenchRow("r", "a", bench.Timing(10.0, 9.0, 11.0, 30, "graph"), flops=8e9, ceiling="gemm16")
+
+    monkeypatch.setitem(bench.ROUTINES, "_ceiling_probe", bench.Routine("_ceiling_probe", "fi-core", fn))
+    monkeypatch.setitem(bench.CEILINGS, "gemm16", lambda device: order.append("ceiling") or ("g", 1000.0))
+    monkeypatch.setattr(bench, "environment", lambda: {"gpu": "NVIDIA H100 80GB HBM3"})
+    env, rows = bench.run_routine("_ceiling_probe", bench.RoutineArgs())
+    assert order == ["row", "ceiling"] and rows[0]["pct_of_ceiling"] == 80.0

@@ -1,6 +1,11 @@
 """The one benchmark harness: CUDA events over graph replays, L2-rotated inputs, median/min/max,
 TB/s or TFLOP/s against the measured ceiling, the baseline in the same run, JSON results.
 
+A compute-bound row names its ceiling (``BenchRow(..., ceiling="gemm16")``); the harness then
+times that ceiling once in the same process, after the routine's rows, and reports the row's
+TFLOP/s as a percentage of it (``pct_of_ceiling``, the table's ``%ceil``): shared/TARGETS.md asks
+for compute-bound kernels "as % of the cuBLAS number measured in the same run".
+
 A family registers routines in its ``bench.py``::
 
     @routine("rmsnorm", family="fi-sampling", help="rmsnorm vs torch F.rms_norm")
@@ -66,8 +71,11 @@ class BenchRow:
     target_us: Optional[float] = None
     backend: str = ""
     extra: dict = field(default_factory=dict)
+    ceiling: Optional[str] = None  # a key of CEILINGS: the measured compute ceiling of this row
 
-    def metrics(self, gpu: str = "") -> dict:
+    def metrics(self, gpu: str = "", ceilings: Optional[dict] = None) -> dict:
+        """The row as JSON. ``ceilings`` maps a CEILINGS key to ``(label, TFLOP/s)`` measured in
+        this run; a row that names one of them gets ``ceiling`` and ``pct_of_ceiling``."""
         t = self.ours.median_us * 1e-6
         d: dict[str, Any] = {"routine": self.routine, "config": self.config,
                              "backend": self.backend, "ours": self.ours.to_dict()}
@@ -79,6 +87,10 @@ class BenchRow:
                 d["pct_of_hbm_peak"] = round(100 * tbps / peak, 1)
         if self.flops:
             d["tflop_s"] = round(self.flops / t / 1e12, 1)
+            if self.ceiling and ceilings and self.ceiling in ceilings:
+                label, top = ceilings[self.ceiling]
+                d["ceiling"] = {"name": label, "tflop_s": round(top, 1)}
+                d["pct_of_ceiling"] = round(100 * self.flops / t / 1e12 / top, 1)
         if self.baseline is not None:
             name, bt = self.baseline
             d["baseline"] = {"name": name, **bt.to_dict()}
@@ -361,12 +373,46 @@ def gpu_slug(name: str) -> str:
     return (m.group(1) if m else re.sub(r"\W+", "-", name)).lower().replace(" ", "")
 
 
+# The product size of the compute ceiling: large enough that cuBLAS runs at its sustained rate
+# (1.1 TFLOP, ~1.6 ms on an H100 / H200), small enough (4 x 128 MiB of operands) for any GPU.
+GEMM16_CEILING_N = 8192
+
+
+def gemm16_ceiling(device: str = "cuda") -> tuple[str, float]:
+    """The dense 16-bit tensor-core ceiling as this GPU sustains it now: cuBLAS (``torch.matmul``)
+    on bf16 8192 x 8192 x 8192 products, random L2-rotated operands (a product of zeros runs
+    faster than one of real data), graph replays timed like every row. Returns (label, TFLOP/s)."""
+    from .testing import randn  # noqa: PLC0415
+
+    n = GEMM16_CEILING_N
+    sets = rotating_inputs(lambda i: (randn((n, n), torch.bfloat16, device, seed=2 * i),
+                                      randn((n, n), torch.bfloat16, device, seed=2 * i + 1)), device)
+    t = time_fn(lambda a, b: a @ b, sets, reps=10, min_calls_per_replay=8)
+    del sets
+    return f"cuBLAS bf16 {n}^3", 2.0 * n ** 3 / (t.median_us * 1e-6) / 1e12
+
+
+CEILINGS: dict[str, Callable[[str], tuple[str, float]]] = {"gemm16": gemm16_ceiling}
+
+
+def measure_ceilings(rows: Sequence[BenchRow], args: RoutineArgs) -> dict:
+    """Time each ceiling the rows name, once (``--option ceiling=off`` skips them)."""
+    if args.options.get("ceiling", "on") == "off":
+        return {}
+    wanted = dict.fromkeys(r.ceiling for r in rows if r.ceiling and r.flops)
+    unknown = [c for c in wanted if c not in CEILINGS]
+    if unknown:
+        raise KeyError(f"unknown ceiling {unknown[0]!r} in a bench row; known: {sorted(CEILINGS)}")
+    return {c: CEILINGS[c](args.device) for c in wanted}
+
+
 def run_routine(name: str, args: RoutineArgs) -> tuple[dict, list[dict]]:
     if name not in ROUTINES:
         raise KeyError(f"unknown routine {name!r}; known: {sorted(ROUTINES)}")
     env = environment()
-    rows = [r.metrics(env.get("gpu", "")) for r in ROUTINES[name].fn(args)]
-    return env, rows
+    rows = list(ROUTINES[name].fn(args))
+    ceilings = measure_ceilings(rows, args)
+    return env, [r.metrics(env.get("gpu", ""), ceilings) for r in rows]
 
 
 def write_results(name: str, env: dict, rows: list[dict], outdir: Path) -> Path:
@@ -377,18 +423,22 @@ def write_results(name: str, env: dict, rows: list[dict], outdir: Path) -> Path:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ["config", "ours us", "TB/s", "%HBM", "TFLOP/s", "baseline", "base us", "speedup", "target"]
+    head = ["config", "ours us", "TB/s", "%HBM", "TFLOP/s", "%ceil", "baseline", "base us", "speedup",
+            "target"]
     lines = [head]
     for r in rows:
         b = r.get("baseline") or {}
         lines.append([
             r["config"], f"{r['ours']['median_us']:.2f}", _fmt(r.get("tb_s")),
-            _fmt(r.get("pct_of_hbm_peak")), _fmt(r.get("tflop_s")), b.get("name", ""),
+            _fmt(r.get("pct_of_hbm_peak")), _fmt(r.get("tflop_s")), _fmt(r.get("pct_of_ceiling")),
+            b.get("name", ""),
             _fmt(b.get("median_us")), _fmt(r.get("speedup_vs_baseline")),
             "" if "target_us" not in r else f"{r['target_us']} {'ok' if r['meets_target'] else 'MISS'}",
         ])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in lines)
+    text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in lines)
+    ceilings = {r["ceiling"]["name"]: r["ceiling"]["tflop_s"] for r in rows if "ceiling" in r}
+    return text + "".join(f"\n%ceil: of {k} at {v:.1f} TFLOP/s, same run" for k, v in ceilings.items())
 
 
 def _fmt(v) -> str:
