@@ -376,18 +376,25 @@ def gpu_slug(name: str) -> str:
 # The product size of the compute ceiling: large enough that cuBLAS runs at its sustained rate
 # (1.1 TFLOP, ~1.6 ms on an H100 / H200), small enough (4 x 128 MiB of operands) for any GPU.
 GEMM16_CEILING_N = 8192
+# Warm-up passes and timed replays of the ceiling: ~0.3 s of products first, then ~0.5 s timed,
+# so it reads the board at its power cap. Ten replays straight after lighter work read a cool
+# board instead: 675-781 TFLOP/s on one H100 in a row of runs, against 680-693 with 60 replays
+# (benchmarks/results/h100/gemm16_ceiling_probe_session56.txt).
+GEMM16_CEILING_WARMUP, GEMM16_CEILING_REPS = 100, 40
 
 
 def gemm16_ceiling(device: str = "cuda") -> tuple[str, float]:
     """The dense 16-bit tensor-core ceiling as this GPU sustains it now: cuBLAS (``torch.matmul``)
     on bf16 8192 x 8192 x 8192 products, random L2-rotated operands (a product of zeros runs
-    faster than one of real data), graph replays timed like every row. Returns (label, TFLOP/s)."""
+    faster than one of real data), graph replays timed like every row after a warm-up long enough
+    to reach the power cap. Returns (label, TFLOP/s)."""
     from .testing import randn  # noqa: PLC0415
 
     n = GEMM16_CEILING_N
     sets = rotating_inputs(lambda i: (randn((n, n), torch.bfloat16, device, seed=2 * i),
                                       randn((n, n), torch.bfloat16, device, seed=2 * i + 1)), device)
-    t = time_fn(lambda a, b: a @ b, sets, reps=10, min_calls_per_replay=8)
+    t = time_fn(lambda a, b: a @ b, sets, reps=GEMM16_CEILING_REPS, warmup=GEMM16_CEILING_WARMUP,
+                min_calls_per_replay=8)
     del sets
     return f"cuBLAS bf16 {n}^3", 2.0 * n ** 3 / (t.median_us * 1e-6) / 1e12
 
