@@ -86,11 +86,12 @@ class BenchRow:
             if peak:
                 d["pct_of_hbm_peak"] = round(100 * tbps / peak, 1)
         if self.flops:
-            d["tflop_s"] = round(self.flops / t / 1e12, 1)
+            tflops = self.flops / t / 1e12
+            d["tflop_s"] = round(tflops, 1)
             if self.ceiling and ceilings and self.ceiling in ceilings:
                 label, top = ceilings[self.ceiling]
                 d["ceiling"] = {"name": label, "tflop_s": round(top, 1)}
-                d["pct_of_ceiling"] = round(100 * self.flops / t / 1e12 / top, 1)
+                d["pct_of_ceiling"] = round(100 * tflops / top, 1)
         if self.baseline is not None:
             name, bt = self.baseline
             d["baseline"] = {"name": name, **bt.to_dict()}
@@ -395,7 +396,6 @@ def gemm16_ceiling(device: str = "cuda") -> tuple[str, float]:
                                       randn((n, n), torch.bfloat16, device, seed=2 * i + 1)), device)
     t = time_fn(lambda a, b: a @ b, sets, reps=GEMM16_CEILING_REPS, warmup=GEMM16_CEILING_WARMUP,
                 min_calls_per_replay=8)
-    del sets
     return f"cuBLAS bf16 {n}^3", 2.0 * n ** 3 / (t.median_us * 1e-6) / 1e12
 
 
